@@ -1,0 +1,28 @@
+# Decides whether the CUDA backend is built (EPMOE_WITH_CUDA) and sets it up for sm_90a.
+include(CheckLanguage)
+set(EPMOE_WITH_CUDA OFF)
+if(NOT EPMOE_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(EPMOE_WITH_CUDA ON)
+  elseif(EPMOE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "EPMOE_CUDA=ON but no CUDA compiler (nvcc) was found")
+  endif()
+endif()
+
+if(EPMOE_WITH_CUDA)
+  # wgmma and setmaxnreg need the arch-specific target; the -gencode form keeps nvcc from
+  # running a plain sm_90 pass that would reject them.
+  set(CMAKE_CUDA_ARCHITECTURES OFF)
+  enable_language(CUDA)
+  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  set(CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS} -gencode=arch=compute_90a,code=sm_90a")
+  find_package(CUDAToolkit REQUIRED)
+  message(STATUS "epmoe: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, sm_90a)")
+else()
+  message(STATUS "epmoe: CUDA backend OFF")
+endif()

@@ -1,0 +1,31 @@
+# Third-party code: nlohmann/json (header only) and GoogleTest. Both come from the system
+# (Debian: nlohmann-json3-dev, googletest); EPMOE_DEPS_DIR may point at copies of them for
+# machines without the packages (scripts/device-check carries them that way).
+set(EPMOE_DEPS_DIR "${PROJECT_SOURCE_DIR}/.deps" CACHE PATH "Folder with fallback copies of dependencies")
+
+find_package(nlohmann_json 3.10 QUIET)
+if(NOT nlohmann_json_FOUND)
+  find_path(EPMOE_NLOHMANN_INCLUDE nlohmann/json.hpp HINTS "${EPMOE_DEPS_DIR}/include" REQUIRED)
+  add_library(nlohmann_json INTERFACE)
+  target_include_directories(nlohmann_json SYSTEM INTERFACE "${EPMOE_NLOHMANN_INCLUDE}")
+  add_library(nlohmann_json::nlohmann_json ALIAS nlohmann_json)
+endif()
+
+if(EPMOE_BUILD_TESTS)
+  find_package(GTest QUIET)
+  if(NOT GTest_FOUND)
+    foreach(candidate "${EPMOE_DEPS_DIR}/googletest" /usr/src/googletest)
+      if(EXISTS "${candidate}/CMakeLists.txt")
+        set(INSTALL_GTEST OFF CACHE BOOL "" FORCE)
+        add_subdirectory("${candidate}" "${CMAKE_BINARY_DIR}/googletest" EXCLUDE_FROM_ALL)
+        add_library(GTest::gtest ALIAS gtest)
+        add_library(GTest::gtest_main ALIAS gtest_main)
+        set(GTest_FOUND TRUE)
+        break()
+      endif()
+    endforeach()
+  endif()
+  if(NOT GTest_FOUND)
+    message(FATAL_ERROR "GoogleTest not found: install the Debian package googletest or put its sources in ${EPMOE_DEPS_DIR}/googletest")
+  endif()
+endif()
