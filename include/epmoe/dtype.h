@@ -39,7 +39,8 @@ uint16_t f32_to_f16(float value);
 
 // e4m3fn (1 sign, 4 exponent bits with bias 7, 3 mantissa bits, no infinities): 0x7f and
 // 0xff are NaN. Decoding is exact; encoding rounds to nearest even, saturates finite and
-// infinite values beyond ±448 to ±448 (CUDA's __NV_SATFINITE) and keeps NaN a NaN.
+// infinite values beyond ±448 to ±448 (CUDA's __NV_SATFINITE) and turns every NaN into
+// 0x7f (a NaN stays a NaN; its sign is dropped, as CUDA drops it).
 float fp8e4m3_to_f32(uint8_t code);
 uint8_t f32_to_fp8e4m3(float value);
 

@@ -118,8 +118,9 @@ Status validate_spec(const MoeSpec& spec);
 
 // Everything: the spec, every tensor's dtype, shape and device against the spec and the
 // other tensors, expert-map entries, scale shapes, and that fp8 blocks divide the matrices.
-// `device` is where the computation runs; every tensor must live there.
+// `device` is where the computation runs; every tensor must live there. `out` may be null
+// where no output exists yet (loading a case).
 Result<MoeShape> validate_moe(const MoeSpec& spec, const MoeWeights& weights,
-                              const MoeInputs& inputs, const Tensor& out, Device device);
+                              const MoeInputs& inputs, const Tensor* out, Device device);
 
 }  // namespace epmoe

@@ -2,9 +2,10 @@
 // chosen local expert's FFN in double on dequantised weights (code * scale), and sum. No
 // sorting, no blocking: the yardstick for the operator's error (`epmoe check`, the tests).
 //
-// Activations are exact unless `quantize_activations` is set: then, for the fp8 schemes,
-// GEMM1's and GEMM2's inputs are rounded to e4m3 with the scheme's scales (per tensor,
-// per token, per token-group), as the operator does. e4m3 keeps 3 mantissa bits, so each
+// Activations are exact unless `quantize_activations` is set: then x * router weight is
+// rounded to x's dtype and, for the fp8 schemes, GEMM1's and GEMM2's inputs are rounded to
+// e4m3 with the scheme's scales (per tensor, per token, per token-group), as the operator
+// does. e4m3 keeps 3 mantissa bits, so each
 // such rounding alone costs about 2.6% relative error on random data: against exact
 // activations an fp8 layer lands near 4e-2 whatever the kernel; against the quantised
 // reference the operator's own error shows.

@@ -92,7 +92,7 @@ uint8_t f32_to_fp8e4m3(float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
   const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
   const uint32_t magnitude_bits = bits & 0x7fffffffu;
-  if (magnitude_bits > 0x7f800000u) return sign | 0x7f;  // NaN keeps its sign, as in CUDA
+  if (magnitude_bits > 0x7f800000u) return 0x7f;  // every NaN becomes 0x7f, as in CUDA
   const float magnitude = std::bit_cast<float>(magnitude_bits);
   if (magnitude > kFp8E4M3Max) return sign | 0x7e;  // saturate, infinities included
   if (magnitude < 0x1p-6f) {

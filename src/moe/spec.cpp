@@ -250,7 +250,7 @@ Status validate_spec(const MoeSpec& spec) {
 }
 
 Result<MoeShape> validate_moe(const MoeSpec& spec, const MoeWeights& weights,
-                              const MoeInputs& inputs, const Tensor& out, Device device) {
+                              const MoeInputs& inputs, const Tensor* out, Device device) {
   EPMOE_RETURN_IF_ERROR(validate_spec(spec));
   const QuantSpec& quant = spec.quant;
   MoeShape shape;
@@ -314,7 +314,7 @@ Result<MoeShape> validate_moe(const MoeSpec& spec, const MoeWeights& weights,
 
   EPMOE_RETURN_IF_ERROR(check_routing(spec, inputs, shape, device));
   EPMOE_RETURN_IF_ERROR(check_expert_map(inputs, shape, device));
-  EPMOE_RETURN_IF_ERROR(check_tensor("out", out, device, {inputs.x.dtype}, {{T, H}}));
+  if (out) EPMOE_RETURN_IF_ERROR(check_tensor("out", *out, device, {inputs.x.dtype}, {{T, H}}));
   return shape;
 }
 

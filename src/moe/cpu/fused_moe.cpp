@@ -362,7 +362,7 @@ class CpuMoe {
 
 Status moe_forward_cpu(const MoeSpec& spec, const MoeWeights& weights, const MoeInputs& inputs,
                        const Tensor& out, const CpuOptions& options) {
-  Result<MoeShape> shape = validate_moe(spec, weights, inputs, out, Device::kCpu);
+  Result<MoeShape> shape = validate_moe(spec, weights, inputs, &out, Device::kCpu);
   if (!shape.ok()) return shape.status();
   try {
     return CpuMoe(spec, weights, inputs, shape.value(), options).run(out);
