@@ -111,8 +111,15 @@ std::vector<EpCase> ep_cases() {
 
 INSTANTIATE_TEST_SUITE_P(EveryPlacement, EpInvariant, ::testing::ValuesIn(ep_cases()), [](const auto& info) {
   const EpCase& c = info.param;
-  return "E" + std::to_string(c.experts) + "_R" + std::to_string(c.ranks) + "_" +
-         std::string(placement_name(c.placement)) + "_" + std::string(quant_scheme_name(c.scheme));
+  std::string name = "E";
+  name += std::to_string(c.experts);
+  name += "_R";
+  name += std::to_string(c.ranks);
+  name += "_";
+  name += placement_name(c.placement);
+  name += "_";
+  name += quant_scheme_name(c.scheme);
+  return name;
 });
 
 }  // namespace

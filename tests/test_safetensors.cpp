@@ -2,6 +2,7 @@
 // with a message that says what is wrong (truncated, malformed header, bad offsets).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -11,10 +12,9 @@ namespace epmoe {
 namespace {
 
 std::vector<uint8_t> with_header(const std::string& header, size_t data_bytes) {
-  std::vector<uint8_t> bytes(8);
+  std::vector<uint8_t> bytes(8 + header.size() + data_bytes, 0x5a);
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(header.size() >> (8 * i));
-  bytes.insert(bytes.end(), header.begin(), header.end());
-  bytes.resize(bytes.size() + data_bytes, 0x5a);
+  std::copy(header.begin(), header.end(), bytes.begin() + 8);
   return bytes;
 }
 

@@ -130,7 +130,7 @@ std::string spec_to_json(const MoeSpec& spec) {
 Result<MoeSpec> spec_from_json(const std::string& text) {
   const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object())
-    return bad_argument(kSpecKey, "a JSON object", "'" + text.substr(0, 80) + "'");
+    return bad_argument(kSpecKey, "a JSON object", in_quotes(text.substr(0, 80)));
   for (const char* section : {"routing", "quant"})
     if (!root.contains(section) || !root[section].is_object())
       return bad_argument(std::string(kSpecKey) + "." + section, "an object",
