@@ -108,27 +108,47 @@ struct Job {
   int64_t first_slot = 0, slot_count = 0;
 };
 
+// Weight rows decoded and multiplied together: each activation element loaded once feeds
+// this many multiply-adds.
+constexpr int kRowTile = 4;
+
 // out[slot, n] = sum over K blocks of scale_a * scale_w * dot(a_row, w_row), for the job's
-// slots; a_row(slot) is row source_row(slot) of `a`. Rows n_begin..n_end of `w`.
+// slots; a_row(slot) is row source_row(slot) of `a`. Rows n_begin..n_end of `w`;
+// `w_rows` holds kRowTile decoded rows.
 template <typename SourceRow>
 void gemm_rows(const ScaledRows& a, SourceRow source_row, const WeightMatrix& w, const Job& job,
-               int64_t n_begin, int64_t n_end, float* out, int64_t out_cols, float* w_row) {
+               int64_t n_begin, int64_t n_end, float* out, int64_t out_cols, float* w_rows) {
   const int64_t K = w.cols;
   const int64_t k_block = std::min(w.blocks.block_cols, a.scales.empty() ? K : a.blocks.block_cols);
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    w.load_row(n, w_row);
+  const bool scaled = !a.scales.empty() || w.scales;
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += kRowTile) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRowTile, n_end - n0));
+    for (int r = 0; r < rows; ++r) w.load_row(n0 + r, w_rows + r * K);
+    // A short tile repeats its first row; those results are not stored.
+    const float* w0 = w_rows;
+    const float* w1 = w_rows + (rows > 1 ? K : 0);
+    const float* w2 = w_rows + (rows > 2 ? 2 * K : 0);
+    const float* w3 = w_rows + (rows > 3 ? 3 * K : 0);
     for (int64_t s = job.first_slot; s < job.first_slot + job.slot_count; ++s) {
       const int64_t row = source_row(s);
       const float* a_row = a.values.data() + row * K;
-      float acc = 0.0f;
+      float acc[kRowTile] = {};
       for (int64_t k0 = 0, kb = 0; k0 < K; k0 += k_block, ++kb) {
-        float partial = 0.0f;
+        float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
         const int64_t k_end = std::min(K, k0 + k_block);
-#pragma omp simd reduction(+ : partial)
-        for (int64_t kk = k0; kk < k_end; ++kk) partial += a_row[kk] * w_row[kk];
-        acc += a.scales.empty() && !w.scales ? partial : partial * (a.scale(row, kb) * w.scale(n, kb));
+#pragma omp simd reduction(+ : p0, p1, p2, p3)
+        for (int64_t kk = k0; kk < k_end; ++kk) {
+          const float value = a_row[kk];
+          p0 += value * w0[kk];
+          p1 += value * w1[kk];
+          p2 += value * w2[kk];
+          p3 += value * w3[kk];
+        }
+        const float partial[kRowTile] = {p0, p1, p2, p3};
+        for (int r = 0; r < rows; ++r)
+          acc[r] += scaled ? partial[r] * (a.scale(row, kb) * w.scale(n0 + r, kb)) : partial[r];
       }
-      out[s * out_cols + n] = acc;
+      for (int r = 0; r < rows; ++r) out[s * out_cols + n0 + r] = acc[r];
     }
   }
 }
@@ -254,7 +274,7 @@ class CpuMoe {
     widest_intermediate_ = std::max(I, shape_.shared_intermediate);
   }
 
-  // Runs `body(job, n_begin, n_end, w_row_scratch)` over all jobs' weight rows in parallel.
+  // Runs `body(job, n_begin, n_end, w_rows_scratch)` over all jobs' weight rows in parallel.
   template <typename Body>
   void for_weight_rows(int64_t rows_of(const Job&), Body body) {
     std::vector<std::pair<int64_t, int64_t>> items;  // (job, first row)
@@ -263,7 +283,7 @@ class CpuMoe {
     const int64_t scratch_cols = std::max(shape_.hidden, widest_intermediate_);
     parallel_for(static_cast<int64_t>(items.size()), threads_, [&](int64_t i) {
       thread_local std::vector<float> w_row;
-      w_row.resize(scratch_cols);
+      w_row.resize(kRowTile * scratch_cols);
       const auto [j, n_begin] = items[i];
       body(jobs_[j], n_begin, std::min(rows_of(jobs_[j]), n_begin + kRowsPerItem), w_row.data());
     });
