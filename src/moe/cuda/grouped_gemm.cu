@@ -1,0 +1,261 @@
+// Grouped GEMM over the experts' row tiles, bf16 tensor cores (mma.sync m16n8k16, f32
+// accumulate), with the gather of A rows and the gated activation fused.
+//
+// Work: blockIdx.x = a row tile of PairLayout (one group = one expert, up to tile_rows
+// consecutive slots), blockIdx.y = a column tile. Tiles past tile_count exit at once, so
+// the grid is sized from an upper bound and the launch needs no host synchronisation.
+// Layout: A rows (activations, K-major) are gathered per slot through a_row_of_slot; B is
+// the expert's weight [N, K], K-major, so both operands are "K-contiguous" and a C tile is
+// sum_k A[m, k] B[n, k] (a TN GEMM). Tiles of A (rows x 64) and B (cols x 64) stream through
+// a STAGES-deep cp.async ring in shared memory, 16-byte chunks XOR-swizzled by row so the
+// ldmatrix reads are free of bank conflicts.
+// Gated (GEMM1): the B tile interleaves gate and up rows in blocks of 8 (8 gate rows of
+// columns c..c+7, then the 8 up rows of the same columns), so each thread's accumulators
+// hold gate and up of the same output element, and act(gate) * up is written directly as
+// the bf16 intermediate: no extra pass over it.
+// Bounds: at decode the weights stream once (bandwidth); at large T the mma.sync rate, which
+// on Hopper is below the wgmma rate (docs/KERNELS.md has the figures).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "launchers.h"
+
+namespace epmoe::cuda {
+
+namespace {
+
+constexpr int kDepth = 64;            // K per pipeline stage: 128 bytes of bf16 per row
+constexpr int kChunksPerRow = kDepth / 8;  // 16-byte chunks
+
+// A tile shape. Chosen by choose_tile_rows(); instantiated only in kConfigs below.
+template <int Rows, int Cols, int Stages, int WarpsM, int WarpsN>
+struct Config {
+  static constexpr int kRows = Rows, kCols = Cols, kStages = Stages, kWarpsN = WarpsN;
+  static constexpr int kThreads = WarpsM * WarpsN * 32;
+  static constexpr int kWarpRows = Rows / WarpsM, kWarpCols = Cols / WarpsN;
+  static constexpr int kMmaM = kWarpRows / 16, kMmaN = kWarpCols / 8;
+  static constexpr int kStageElements = (Rows + Cols) * kDepth;
+  static constexpr size_t kSharedBytes = size_t{Stages} * kStageElements * sizeof(uint16_t);
+  static_assert(kWarpRows % 16 == 0 && kWarpCols % 16 == 0, "warp tile must hold whole mma tiles and gate/up pairs");
+};
+
+using DecodeConfig = Config<16, 128, 4, 1, 4>;
+using MediumConfig = Config<64, 128, 3, 2, 4>;
+using LargeConfig = Config<128, 128, 3, 2, 4>;
+
+__device__ uint32_t shared_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// Element offset of (row, chunk) in a swizzled tile of 64-element rows.
+__device__ int swizzled(int row, int chunk) { return row * kDepth + ((chunk ^ (row & 7)) * 8); }
+
+__device__ void copy_async(uint16_t* destination, const uint16_t* source, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(destination)), "l"(source),
+               "r"(valid ? 16 : 0));
+}
+
+__device__ void ldmatrix_x4(uint32_t (&out)[4], const uint16_t* address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
+               : "r"(shared_address(address)));
+}
+
+__device__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ float activate(Activation activation, float value) {
+  if (activation == Activation::kSilu) return value / (1.0f + expf(-value));
+  return 0.5f * value * (1.0f + erff(value * 0.70710678118654752f));
+}
+
+__device__ void store_pair(uint16_t* destination, float first, float second) {
+  const __nv_bfloat162 packed = __floats2bfloat162_rn(first, second);
+  *reinterpret_cast<__nv_bfloat162*>(destination) = packed;
+}
+
+template <typename Cfg, bool kGated>
+__global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups groups, PairLayout layout,
+                                                                     Activation activation) {
+  extern __shared__ __align__(128) uint16_t shared_tiles[];
+  const int tile = blockIdx.x;
+  if (tile >= *layout.tile_count) return;
+  const int group = layout.tile_group[tile];
+  const int32_t first_slot = layout.tile_row[tile];
+  const int32_t group_end = layout.group_offsets[group + 1];
+  const bool shared = group == groups.local_experts;
+  const int64_t N = shared ? groups.n_shared : groups.n;
+  const int64_t K = shared ? groups.k_shared : groups.k;
+  const uint16_t* A = shared ? groups.a_shared : groups.a_routed;
+  const uint16_t* B = shared ? groups.b_shared : groups.b_routed + static_cast<int64_t>(group) * N * K;
+  // Output columns of this tile: gated tiles produce Cols / 2 intermediate columns.
+  const int64_t out_cols = kGated ? N / 2 : N;
+  const int64_t first_col = static_cast<int64_t>(blockIdx.y) * (kGated ? Cfg::kCols / 2 : Cfg::kCols);
+  if (first_col >= out_cols) return;
+
+  // The global rows this thread copies into each stage, fixed over the K loop.
+  constexpr int kAChunks = Cfg::kRows * kChunksPerRow / Cfg::kThreads;
+  constexpr int kBChunks = Cfg::kCols * kChunksPerRow / Cfg::kThreads;
+  static_assert(kAChunks * Cfg::kThreads == Cfg::kRows * kChunksPerRow || Cfg::kRows * kChunksPerRow < Cfg::kThreads,
+                "A tile chunks must spread evenly over the threads");
+  const uint16_t* a_source[kAChunks > 0 ? kAChunks : 1];
+  const uint16_t* b_source[kBChunks];
+  const int chunk = threadIdx.x % kChunksPerRow;
+#pragma unroll
+  for (int i = 0; i < (kAChunks > 0 ? kAChunks : 1); ++i) {
+    const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
+    const int32_t slot = first_slot + row;
+    a_source[i] = nullptr;
+    if (row < Cfg::kRows && slot < group_end) {
+      const int64_t a_row = groups.a_row_of_slot ? groups.a_row_of_slot[slot] : slot;
+      a_source[i] = A + a_row * groups.a_stride + chunk * 8;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kBChunks; ++i) {
+    const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
+    int64_t b_row;
+    bool valid;
+    if constexpr (kGated) {
+      const int64_t col = first_col + (row / 16) * 8 + row % 8;  // the output column of this B row
+      b_row = (row % 16 < 8 ? 0 : out_cols) + col;
+      valid = col < out_cols;
+    } else {
+      b_row = first_col + row;
+      valid = b_row < N;
+    }
+    b_source[i] = valid ? B + b_row * K + chunk * 8 : nullptr;
+  }
+
+  auto load_stage = [&](int stage, int64_t k0) {
+    uint16_t* a_tile = shared_tiles + stage * Cfg::kStageElements;
+    uint16_t* b_tile = a_tile + Cfg::kRows * kDepth;
+    const bool k_valid = k0 + chunk * 8 < K;
+#pragma unroll
+    for (int i = 0; i < (kAChunks > 0 ? kAChunks : 1); ++i) {
+      const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
+      if (row >= Cfg::kRows) continue;
+      const bool valid = a_source[i] && k_valid;
+      copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + k0 : A, valid);
+    }
+#pragma unroll
+    for (int i = 0; i < kBChunks; ++i) {
+      const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
+      const bool valid = b_source[i] && k_valid;
+      copy_async(b_tile + swizzled(row, chunk), valid ? b_source[i] + k0 : B, valid);
+    }
+  };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_row = (warp / Cfg::kWarpsN) * Cfg::kWarpRows;
+  const int warp_col = (warp % Cfg::kWarpsN) * Cfg::kWarpCols;
+  float acc[Cfg::kMmaM][Cfg::kMmaN][4] = {};
+
+  const int k_tiles = static_cast<int>((K + kDepth - 1) / kDepth);
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, static_cast<int64_t>(s) * kDepth);
+    asm volatile("cp.async.commit_group;\n");
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
+    __syncthreads();
+    const int next = kt + Cfg::kStages - 1;
+    if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(next) * kDepth);
+    asm volatile("cp.async.commit_group;\n");
+
+    const uint16_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageElements;
+    const uint16_t* b_tile = a_tile + Cfg::kRows * kDepth;
+#pragma unroll
+    for (int kk = 0; kk < kDepth / 16; ++kk) {
+      uint32_t a_frag[Cfg::kMmaM][4];
+#pragma unroll
+      for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
+        const int row = warp_row + mi * 16 + lane % 16;
+        ldmatrix_x4(a_frag[mi], a_tile + swizzled(row, kk * 2 + lane / 16));
+      }
+#pragma unroll
+      for (int np = 0; np < Cfg::kMmaN / 2; ++np) {
+        uint32_t b_frag[4];
+        const int row = warp_col + np * 16 + lane % 8 + (lane / 16) * 8;
+        ldmatrix_x4(b_frag, b_tile + swizzled(row, kk * 2 + (lane / 8) % 2));
+#pragma unroll
+        for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
+          mma_bf16(acc[mi][2 * np], a_frag[mi], b_frag[0], b_frag[1]);
+          mma_bf16(acc[mi][2 * np + 1], a_frag[mi], b_frag[2], b_frag[3]);
+        }
+      }
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n");
+
+  // Epilogue: thread holds rows lane/4 and lane/4 + 8 of each m16 tile, two columns each.
+#pragma unroll
+  for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_row + mi * 16 + lane / 4 + half * 8;
+      const int32_t slot = first_slot + row;
+      if (row >= Cfg::kRows || slot >= group_end) continue;
+      uint16_t* c_row = groups.c + static_cast<int64_t>(slot) * groups.c_stride;
+#pragma unroll
+      for (int ni = 0; ni < Cfg::kMmaN; ni += kGated ? 2 : 1) {
+        const float* v = &acc[mi][ni][half * 2];
+        if constexpr (kGated) {
+          const float* up = &acc[mi][ni + 1][half * 2];
+          const int64_t col = first_col + (warp_col + ni * 8) / 2 + (lane % 4) * 2;
+          if (col < out_cols)
+            store_pair(c_row + col, activate(activation, v[0]) * up[0], activate(activation, v[1]) * up[1]);
+        } else {
+          const int64_t col = first_col + warp_col + ni * 8 + (lane % 4) * 2;
+          if (col < out_cols) store_pair(c_row + col, v[0], v[1]);
+        }
+      }
+    }
+  }
+}
+
+template <typename Cfg, bool kGated>
+cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
+                          Activation activation, cudaStream_t stream) {
+  auto* kernel = grouped_gemm_kernel<Cfg, kGated>;
+  static const cudaError_t attribute_error =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSharedBytes));
+  if (attribute_error != cudaSuccess) return attribute_error;
+  const int64_t widest = std::max(groups.n, groups.n_shared) / (kGated ? 2 : 1);
+  const int64_t cols_per_tile = kGated ? Cfg::kCols / 2 : Cfg::kCols;
+  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>((widest + cols_per_tile - 1) / cols_per_tile));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(groups, layout, activation);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int choose_tile_rows(int64_t slots, int64_t groups) {
+  const int64_t rows_per_group = groups > 0 ? slots / groups : slots;
+  if (rows_per_group <= DecodeConfig::kRows) return DecodeConfig::kRows;
+  if (rows_per_group <= 2 * MediumConfig::kRows) return MediumConfig::kRows;
+  return LargeConfig::kRows;
+}
+
+cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
+                                Activation activation, int tile_rows, cudaStream_t stream) {
+  if (max_tiles == 0) return cudaSuccess;
+  auto dispatch = [&]<typename Cfg>() {
+    return gated ? launch_config<Cfg, true>(groups, layout, max_tiles, activation, stream)
+                 : launch_config<Cfg, false>(groups, layout, max_tiles, activation, stream);
+  };
+  switch (tile_rows) {
+    case DecodeConfig::kRows: return dispatch.template operator()<DecodeConfig>();
+    case MediumConfig::kRows: return dispatch.template operator()<MediumConfig>();
+    case LargeConfig::kRows: return dispatch.template operator()<LargeConfig>();
+    default: return cudaErrorInvalidValue;  // only the tile heights choose_tile_rows returns exist
+  }
+}
+
+}  // namespace epmoe::cuda

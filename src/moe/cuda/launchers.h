@@ -1,0 +1,72 @@
+// The kernel launchers of the CUDA MoE pipeline, one family per file in this folder.
+// Internal to moe/cuda; moe_forward.cu strings them together.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "epmoe/moe_spec.h"
+
+namespace epmoe::cuda {
+
+// Every launcher returns the launch's error (cudaGetLastError) so callers can check it.
+
+// Limits of the routing kernel (one warp per token, scores in shared memory).
+inline constexpr int kMaxRoutedExperts = 1024;
+inline constexpr int kMaxTopK = 32;
+inline constexpr int kMaxGroups = 32;
+
+// route.cu: router logits [T, E] (f32 or bf16) -> topk_ids [T, k], topk_weights [T, k].
+cudaError_t launch_route(const RoutingSpec& spec, const void* logits, bool logits_bf16, const float* correction_bias,
+                  int64_t tokens, int32_t* topk_ids, float* topk_weights, cudaStream_t stream);
+
+// sort_pairs.cu. Groups are the local experts, then (optionally) the shared experts as one
+// more group holding every token. Slots are grouped by group, pair order inside a group.
+struct PairLayout {
+  int32_t* group_counts;   // [groups]
+  int32_t* group_offsets;  // [groups + 1] first slot of each group
+  int32_t* slot_of_pair;   // [T * k] slot, or -1 for pairs of non-local experts
+  int32_t* slot_token;     // [slots] token of each slot
+  int32_t* tile_group;     // [max_tiles] group of each row tile of the GEMMs
+  int32_t* tile_row;       // [max_tiles] first slot of each row tile
+  int32_t* tile_count;     // [1] number of tiles
+};
+// Upper bound on row tiles of height `tile_rows` over `slots` slots in `groups` groups.
+int64_t max_row_tiles(int64_t slots, int64_t groups, int tile_rows);
+cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map, int64_t tokens, int top_k,
+                       int num_experts, int local_experts, bool shared_group, int tile_rows,
+                       int64_t max_tiles, const PairLayout& layout, cudaStream_t stream);
+
+// grouped_gemm.cu. One grouped GEMM over the tiles of PairLayout: for each row tile of
+// group g and each column tile, C[slot, n] = sum_k A[row(slot), k] * B_g[n, k], bf16 in,
+// f32 accumulate, bf16 out. B_g is K-major ([N, K]).
+struct GemmGroups {
+  const uint16_t* a_routed;  // A of the local experts' groups [*, K]
+  const uint16_t* a_shared;  // A of the shared group [*, K_shared]
+  const int32_t* a_row_of_slot;  // A row of each slot (gather), or null: row = slot
+  int64_t a_stride;          // elements between rows of A
+  const uint16_t* b_routed;  // [local experts, N, K]
+  const uint16_t* b_shared;  // [N_shared, K_shared]
+  int64_t n, k;              // of the local experts' B
+  int64_t n_shared, k_shared;
+  int local_experts;         // groups below this are local experts, the next one is shared
+  uint16_t* c;               // [slots, c_stride]
+  int64_t c_stride;
+};
+// gated: B rows are [gate; up] (N = 2 I) and C[slot, i] = act(gate_i) * up_i, i < I.
+cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
+                         Activation activation, int tile_rows, cudaStream_t stream);
+// The tile height launch_grouped_gemm works best with for this many slots per group.
+int choose_tile_rows(int64_t slots, int64_t groups);
+
+// combine.cu: y[t] = sum_j w_tj * out[slot(t, j)] (+ out[shared slot of t]), f32, one
+// rounding to bf16. `unit_weights`: the router weight went on the input instead.
+cudaError_t launch_combine(const uint16_t* pair_out, const int32_t* slot_of_pair, const float* topk_weights,
+                    const int32_t* group_offsets, int shared_group, bool unit_weights, int64_t tokens,
+                    int top_k, int64_t hidden, uint16_t* y, cudaStream_t stream);
+// x_scaled[t] = bf16(x[t] * w[t]) for the router weight on the input (k = 1).
+cudaError_t launch_scale_rows(const uint16_t* x, const float* topk_weights, int64_t tokens, int64_t hidden,
+                       uint16_t* x_scaled, cudaStream_t stream);
+
+}  // namespace epmoe::cuda

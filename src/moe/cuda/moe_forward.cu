@@ -1,0 +1,167 @@
+// The CUDA MoE operator: validation, the workspace layout, and the pipeline of DESIGN.md
+// (route, map and sort, GEMM1 + activation, GEMM2, combine) as one stream of launches with
+// no host synchronisation and no allocation.
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+#include "cuda_check.h"
+#include "epmoe/moe_cuda.h"
+#include "launchers.h"
+
+namespace epmoe {
+
+namespace {
+
+constexpr size_t kAlignment = 256;
+
+// Carves the workspace into the pipeline's buffers; with a null base it only measures.
+struct WorkspaceLayout {
+  int32_t* topk_ids;      // [T, k]
+  float* topk_weights;    // [T, k]
+  cuda::PairLayout pairs;
+  uint16_t* x_scaled;     // [T, H] x * router weight (Llama-4)
+  uint16_t* intermediate;  // [slots, max(I, I_s)]
+  uint16_t* pair_out;     // [slots, H]
+  int tile_rows = 0;
+  int64_t max_tiles = 0;
+  size_t bytes = 0;
+
+  WorkspaceLayout(const MoeShape& s, void* base) {
+    const bool shared = s.shared_intermediate > 0;
+    const int64_t pairs_count = s.tokens * s.top_k;
+    const int64_t groups = s.num_local_experts + (shared ? 1 : 0);
+    const int64_t slots = pairs_count + (shared ? s.tokens : 0);
+    tile_rows = cuda::choose_tile_rows(slots, groups);
+    max_tiles = cuda::max_row_tiles(slots, groups, tile_rows);
+    auto* cursor = static_cast<std::byte*>(base);
+    auto take = [&](auto*& pointer, int64_t count) {
+      using T = std::remove_reference_t<decltype(*pointer)>;
+      pointer = reinterpret_cast<T*>(cursor + bytes);
+      bytes += (static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
+    };
+    take(topk_ids, pairs_count);
+    take(topk_weights, pairs_count);
+    take(pairs.group_counts, groups);
+    take(pairs.group_offsets, groups + 1);
+    take(pairs.slot_of_pair, pairs_count);
+    take(pairs.slot_token, slots);
+    take(pairs.tile_group, max_tiles);
+    take(pairs.tile_row, max_tiles);
+    take(pairs.tile_count, 1);
+    take(x_scaled, s.tokens * s.hidden);
+    take(intermediate, slots * std::max(s.intermediate, s.shared_intermediate));
+    take(pair_out, slots * s.hidden);
+  }
+};
+
+// What the GPU path adds to validate_moe: its dtype, the kernels' limits and alignment.
+Status check_gpu_limits(const MoeSpec& spec, const MoeShape& shape, const MoeInputs& inputs,
+                        const MoeWeights& weights, const CudaWorkspace& workspace, size_t needed) {
+  if (spec.quant.scheme != QuantScheme::kBf16)
+    return Status::unsupported("quant.scheme: the GPU operator computes bf16 so far, got " +
+                               std::string(quant_scheme_name(spec.quant.scheme)));
+  if (shape.num_experts > cuda::kMaxRoutedExperts && inputs.router_logits)
+    return bad_argument("routing.num_experts", "at most " + std::to_string(cuda::kMaxRoutedExperts) +
+                                                   " experts for GPU routing", std::to_string(shape.num_experts));
+  if (shape.top_k > cuda::kMaxTopK)
+    return bad_argument("routing.top_k", "at most " + std::to_string(cuda::kMaxTopK) + " on the GPU",
+                        std::to_string(shape.top_k));
+  if (spec.routing.kind == RoutingKind::kGroupedTopk && spec.routing.n_group > cuda::kMaxGroups)
+    return bad_argument("routing.n_group", "at most " + std::to_string(cuda::kMaxGroups) + " on the GPU",
+                        std::to_string(spec.routing.n_group));
+  for (const auto& [name, size] : {std::pair{"H", shape.hidden}, std::pair{"I", shape.intermediate},
+                                   std::pair{"I_s", shape.shared_intermediate}})
+    if (size % 8 != 0)
+      return bad_argument(name, "a multiple of 8 on the GPU (rows move in 16-byte pieces)", std::to_string(size));
+  for (const auto& [name, tensor] : {std::pair{"x", &inputs.x}, std::pair{"w13", &weights.w13}, std::pair{"w2", &weights.w2}})
+    if (reinterpret_cast<uintptr_t>(tensor->data) % 16 != 0)
+      return bad_argument(name, "16-byte aligned device memory", "an address off by " +
+                                    std::to_string(reinterpret_cast<uintptr_t>(tensor->data) % 16));
+  if (workspace.bytes < needed || (workspace.data == nullptr && needed > 0))
+    return bad_argument("workspace", "at least " + std::to_string(needed) + " bytes (moe_workspace_bytes)",
+                        std::to_string(workspace.bytes) + " bytes at " + (workspace.data ? "an address" : "null"));
+  if (reinterpret_cast<uintptr_t>(workspace.data) % kAlignment != 0)
+    return bad_argument("workspace", "256-byte aligned device memory", "a misaligned address");
+  return {};
+}
+
+}  // namespace
+
+size_t moe_workspace_bytes(const MoeShape& shape) { return WorkspaceLayout(shape, nullptr).bytes; }
+
+Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const MoeInputs& inputs, const Tensor& out,
+                        const CudaWorkspace& workspace, CUstream_st* stream) {
+  Result<MoeShape> validated = validate_moe(spec, weights, inputs, &out, Device::kCuda);
+  if (!validated.ok()) return validated.status();
+  const MoeShape& s = validated.value();
+  const WorkspaceLayout layout(s, workspace.data);
+  EPMOE_RETURN_IF_ERROR(check_gpu_limits(spec, s, inputs, weights, workspace, layout.bytes));
+  if (s.tokens == 0) return {};
+
+  const bool shared = s.shared_intermediate > 0;
+  const int32_t* topk_ids = layout.topk_ids;
+  const float* topk_weights = layout.topk_weights;
+  if (inputs.router_logits) {
+    CUDA_CHECK(cuda::launch_route(spec.routing, inputs.router_logits->data,
+                                  inputs.router_logits->dtype == DType::kBF16,
+                                  inputs.correction_bias ? inputs.correction_bias->data_as<float>() : nullptr,
+                                  s.tokens, layout.topk_ids, layout.topk_weights, stream));
+  } else {
+    topk_ids = inputs.topk_ids->data_as<int32_t>();
+    topk_weights = inputs.topk_weights->data_as<float>();
+  }
+  const int32_t* expert_map = inputs.expert_map ? inputs.expert_map->data_as<int32_t>() : nullptr;
+  CUDA_CHECK(cuda::launch_sort_pairs(topk_ids, expert_map, s.tokens, static_cast<int>(s.top_k),
+                                     static_cast<int>(s.num_experts), static_cast<int>(s.num_local_experts), shared,
+                                     layout.tile_rows, layout.max_tiles, layout.pairs, stream));
+  const uint16_t* x = inputs.x.data_as<uint16_t>();
+  const uint16_t* routed_input = x;
+  if (spec.apply_router_weight_on_input) {
+    CUDA_CHECK(cuda::launch_scale_rows(x, topk_weights, s.tokens, s.hidden, layout.x_scaled, stream));
+    routed_input = layout.x_scaled;
+  }
+
+  const int64_t widest = std::max(s.intermediate, s.shared_intermediate);
+  cuda::GemmGroups gemm1{};
+  gemm1.a_routed = routed_input;
+  gemm1.a_shared = x;
+  gemm1.a_row_of_slot = layout.pairs.slot_token;
+  gemm1.a_stride = s.hidden;
+  gemm1.b_routed = weights.w13.data_as<uint16_t>();
+  gemm1.b_shared = shared ? weights.shared_w13->data_as<uint16_t>() : nullptr;
+  gemm1.n = 2 * s.intermediate;
+  gemm1.k = s.hidden;
+  gemm1.n_shared = 2 * s.shared_intermediate;
+  gemm1.k_shared = s.hidden;
+  gemm1.local_experts = static_cast<int>(s.num_local_experts);
+  gemm1.c = layout.intermediate;
+  gemm1.c_stride = widest;
+  CUDA_CHECK(cuda::launch_grouped_gemm(gemm1, layout.pairs, layout.max_tiles, /*gated=*/true, spec.activation,
+                                       layout.tile_rows, stream));
+
+  cuda::GemmGroups gemm2{};
+  gemm2.a_routed = layout.intermediate;
+  gemm2.a_shared = layout.intermediate;
+  gemm2.a_stride = widest;
+  gemm2.b_routed = weights.w2.data_as<uint16_t>();
+  gemm2.b_shared = shared ? weights.shared_w2->data_as<uint16_t>() : nullptr;
+  gemm2.n = s.hidden;
+  gemm2.k = s.intermediate;
+  gemm2.n_shared = shared ? s.hidden : 0;
+  gemm2.k_shared = s.shared_intermediate;
+  gemm2.local_experts = static_cast<int>(s.num_local_experts);
+  gemm2.c = layout.pair_out;
+  gemm2.c_stride = s.hidden;
+  CUDA_CHECK(cuda::launch_grouped_gemm(gemm2, layout.pairs, layout.max_tiles, /*gated=*/false, spec.activation,
+                                       layout.tile_rows, stream));
+
+  CUDA_CHECK(cuda::launch_combine(layout.pair_out, layout.pairs.slot_of_pair, topk_weights, layout.pairs.group_offsets,
+                                  shared ? static_cast<int>(s.num_local_experts) : -1,
+                                  spec.apply_router_weight_on_input, s.tokens, static_cast<int>(s.top_k), s.hidden,
+                                  out.data_as<uint16_t>(), stream));
+  return {};
+}
+
+}  // namespace epmoe

@@ -1,0 +1,238 @@
+// The CUDA operator against the CPU operator on fresh random data: every preset's routing
+// at reduced sizes and at full hidden sizes, T in {1, 7, 64, 1000}, one rank of eight and a
+// single rank; outputs poisoned with NaN before each run; bitwise repeatable; skewed
+// routing; and a CUDA graph captured once and replayed on new inputs.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "epmoe/device_case.h"
+#include "epmoe/moe_cpu.h"
+#include "epmoe/moe_cuda.h"
+#include "epmoe/naive_moe.h"
+#include "epmoe/presets.h"
+
+namespace epmoe {
+namespace {
+
+uint64_t fresh_seed() {
+  static std::mt19937_64 rng(std::random_device{}());
+  return rng();
+}
+
+RandomCaseOptions preset_options(const ModelPreset& preset, int64_t tokens, bool full_size, int ranks, int rank) {
+  RandomCaseOptions options;
+  options.spec = preset.spec;
+  options.spec.quant.scheme = QuantScheme::kBf16;
+  options.tokens = tokens;
+  options.hidden = full_size ? preset.hidden : 256;
+  options.intermediate = full_size ? preset.intermediate : 192;
+  options.shared_intermediate = preset.shared_intermediate == 0 ? 0 : full_size ? preset.shared_intermediate : 128;
+  options.correction_bias = preset.correction_bias;
+  options.num_ranks = ranks;
+  options.rank = rank;
+  options.touched_experts_only = full_size;
+  options.seed = fresh_seed();
+  return options;
+}
+
+MoeCase host_case(const RandomCaseOptions& options) {
+  Result<MoeCase> moe_case = make_random_case(options);
+  EXPECT_TRUE(moe_case.ok()) << moe_case.status().message();
+  return std::move(moe_case).value();
+}
+
+std::vector<double> cpu_output(const MoeCase& c) {
+  Buffer out(DType::kBF16, {c.inputs.x.size(0), c.inputs.x.size(1)});
+  const Status status = moe_forward_cpu(c.spec, c.weights, c.inputs, out.view());
+  EXPECT_TRUE(status.ok()) << status.message();
+  return to_doubles(out.view());
+}
+
+MoeShape shape_of(const DeviceCase& d, const Tensor& out) {
+  Result<MoeShape> shape = validate_moe(d.spec, d.weights, d.inputs, &out, Device::kCuda);
+  EXPECT_TRUE(shape.ok()) << shape.status().message();
+  return shape.value();
+}
+
+// Runs the CUDA operator into an output poisoned with NaN; returns it on the host.
+struct GpuRun {
+  DeviceBuffer out, workspace;
+  Tensor out_view;
+
+  explicit GpuRun(const DeviceCase& d) {
+    const Tensor& x = d.inputs.x;
+    out = DeviceBuffer::allocate(x.nbytes()).value();
+    out_view = Tensor::contiguous(out.data(), DType::kBF16, {x.size(0), x.size(1)}, Device::kCuda);
+    workspace = DeviceBuffer::allocate(moe_workspace_bytes(shape_of(d, out_view))).value();
+  }
+  Status run(const DeviceCase& d, cudaStream_t stream = nullptr) {
+    if (cudaMemsetAsync(out.data(), 0xff, out.bytes(), stream) != cudaSuccess)  // bf16 0xffff is NaN
+      return Status(StatusCode::kInternal, "poisoning the output failed");
+    return moe_forward_cuda(d.spec, d.weights, d.inputs, out_view, {workspace.data(), workspace.bytes()}, stream);
+  }
+  std::vector<double> result() const {
+    Buffer host(DType::kBF16, {out_view.size(0), out_view.size(1)});
+    EXPECT_TRUE(copy_to_host(out.data(), host.view()).ok());
+    return to_doubles(host.view());
+  }
+};
+
+void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, const std::string& what) {
+  size_t unwritten = 0;
+  for (double v : gpu) unwritten += std::isnan(v);
+  EXPECT_EQ(unwritten, 0u) << what << ": output elements left unwritten (or NaN)";
+  const double error = relative_error(gpu, cpu);
+  EXPECT_LT(error, 1e-2) << what;
+  double norm = 0;
+  for (double v : cpu) norm += v * v;
+  EXPECT_GT(norm, 0.0) << what << ": reference is all zeros";
+}
+
+struct PresetCase {
+  std::string preset;
+  int64_t tokens;
+  bool full_size;
+  int ranks;
+};
+
+class GpuVsCpu : public ::testing::TestWithParam<PresetCase> {};
+
+TEST_P(GpuVsCpu, MatchesCpuOperatorAndWritesEveryElement) {
+  const PresetCase c = GetParam();
+  const ModelPreset& preset = *find_preset(c.preset);
+  for (int rank : c.ranks == 1 ? std::vector<int>{0} : std::vector<int>{0, c.ranks - 1}) {
+    const RandomCaseOptions options = preset_options(preset, c.tokens, c.full_size, c.ranks, rank);
+    const MoeCase host = host_case(options);
+    Result<DeviceCase> device = upload(host);
+    ASSERT_TRUE(device.ok()) << device.status().message();
+    GpuRun gpu(device.value());
+    const Status status = gpu.run(device.value());
+    ASSERT_TRUE(status.ok()) << status.message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_close(gpu.result(), cpu_output(host), c.preset + " rank " + std::to_string(rank) + " seed " +
+                                                     std::to_string(options.seed));
+  }
+}
+
+std::vector<PresetCase> preset_cases() {
+  std::vector<PresetCase> cases;
+  for (const ModelPreset& preset : model_presets()) {
+    for (int64_t tokens : {1, 7, 64, 1000})
+      for (int ranks : {1, 8}) cases.push_back({std::string(preset.name), tokens, false, ranks});
+    for (int64_t tokens : {1, 7}) cases.push_back({std::string(preset.name), tokens, true, 8});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, GpuVsCpu, ::testing::ValuesIn(preset_cases()), [](const auto& info) {
+  std::string name = info.param.preset;
+  for (char& ch : name)
+    if (ch == '-') ch = '_';
+  name += "_T";
+  name += std::to_string(info.param.tokens);
+  name += info.param.full_size ? "_full" : "_reduced";
+  name += "_ep";
+  name += std::to_string(info.param.ranks);
+  return name;
+});
+
+TEST(GpuMoe, EveryRoutingKindMatches) {
+  for (RoutingKind kind : {RoutingKind::kSoftmaxTopk, RoutingKind::kTopkSoftmax, RoutingKind::kSigmoidTopk,
+                           RoutingKind::kGroupedTopk}) {
+    for (bool renormalize : {false, true}) {
+      RandomCaseOptions options = preset_options(*find_preset("qwen3-30b-a3b"), 77, false, 1, 0);
+      options.spec.routing = {.kind = kind, .num_experts = 64, .top_k = 6, .renormalize = renormalize,
+                              .score_func = renormalize ? ScoreFunc::kSoftmax : ScoreFunc::kSigmoid, .n_group = 8,
+                              .topk_group = 3, .routed_scaling_factor = 1.5f};
+      options.correction_bias = kind == RoutingKind::kGroupedTopk && !renormalize;
+      const MoeCase host = host_case(options);
+      DeviceCase device = upload(host).value();
+      GpuRun gpu(device);
+      ASSERT_TRUE(gpu.run(device).ok());
+      expect_close(gpu.result(), cpu_output(host), std::string(routing_kind_name(kind)) +
+                                                       (renormalize ? " renormalised" : ""));
+    }
+  }
+}
+
+TEST(GpuMoe, RunsAreBitwiseIdentical) {
+  const MoeCase host = host_case(preset_options(*find_preset("deepseek-v3"), 300, false, 1, 0));
+  DeviceCase device = upload(host).value();
+  GpuRun gpu(device);
+  ASSERT_TRUE(gpu.run(device).ok());
+  const std::vector<double> first = gpu.result();
+  ASSERT_TRUE(gpu.run(device).ok());
+  EXPECT_EQ(gpu.result(), first);
+}
+
+TEST(GpuMoe, AllTokensToOneExpertAndEmptyExperts) {
+  MoeCase host = host_case(preset_options(*find_preset("qwen3-30b-a3b"), 700, false, 1, 0));
+  host.spec.routing.top_k = 2;
+  std::vector<int32_t> ids(1400);
+  std::vector<float> weights(1400);
+  for (int i = 0; i < 1400; ++i) {
+    ids[i] = i % 2 == 0 ? 5 : 77;  // two experts hold every pair; 126 experts receive none
+    weights[i] = 0.3f + 0.4f * (i % 3) / 2.0f;
+  }
+  host.inputs.router_logits.reset();
+  host.inputs.topk_ids = Tensor::contiguous(ids.data(), DType::kI32, {700, 2});
+  host.inputs.topk_weights = Tensor::contiguous(weights.data(), DType::kF32, {700, 2});
+  DeviceCase device = upload(host).value();
+  GpuRun gpu(device);
+  ASSERT_TRUE(gpu.run(device).ok());
+  expect_close(gpu.result(), cpu_output(host), "two experts");
+}
+
+TEST(GpuMoe, CudaGraphReplaysOnNewInputs) {
+  const ModelPreset& preset = *find_preset("deepseek-v3");
+  RandomCaseOptions options = preset_options(preset, 64, false, 8, 2);
+  MoeCase host = host_case(options);
+  DeviceCase device = upload(host).value();
+  GpuRun gpu(device);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  ASSERT_TRUE(gpu.run(device, stream).ok());  // first call outside capture: kernel attributes set
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const Status captured = gpu.run(device, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured.message();
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 3; ++replay) {
+    // New x and new logits (so a new routing) in the same device buffers.
+    options.seed = fresh_seed();
+    const MoeCase fresh = host_case(options);
+    std::copy_n(fresh.inputs.x.data_as<uint16_t>(), fresh.inputs.x.numel(), host.inputs.x.data_as<uint16_t>());
+    std::copy_n(fresh.inputs.router_logits->data_as<float>(), fresh.inputs.router_logits->numel(),
+                host.inputs.router_logits->data_as<float>());
+    ASSERT_TRUE(copy_to_device(host.inputs.x, device.inputs.x.data).ok());
+    ASSERT_TRUE(copy_to_device(*host.inputs.router_logits, device.inputs.router_logits->data).ok());
+    ASSERT_EQ(cudaMemset(gpu.out.data(), 0xff, gpu.out.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    expect_close(gpu.result(), cpu_output(host), "replay " + std::to_string(replay));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(GpuMoe, RejectsWhatItCannotComputeWithClearErrors) {
+  MoeCase host = host_case(preset_options(*find_preset("mixtral-8x7b"), 4, false, 1, 0));
+  DeviceCase device = upload(host).value();
+  GpuRun gpu(device);
+  CudaWorkspace small{gpu.workspace.data(), 1024};
+  const Status status = moe_forward_cuda(device.spec, device.weights, device.inputs, gpu.out_view, small, nullptr);
+  EXPECT_EQ(status.message().rfind("workspace: expected at least ", 0), 0u) << status.message();
+  Tensor host_x = host.inputs.x;
+  DeviceCase wrong_device = device;
+  wrong_device.inputs.x = host_x;
+  EXPECT_EQ(gpu.run(wrong_device).message(), "x: expected a tensor on cuda, got bf16 [4, 256] on cpu");
+}
+
+}  // namespace
+}  // namespace epmoe
