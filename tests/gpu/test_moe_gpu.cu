@@ -84,11 +84,13 @@ void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu
   size_t unwritten = 0;
   for (double v : gpu) unwritten += std::isnan(v);
   EXPECT_EQ(unwritten, 0u) << what << ": output elements left unwritten (or NaN)";
-  const double error = relative_error(gpu, cpu);
-  EXPECT_LT(error, 1e-2) << what;
   double norm = 0;
   for (double v : cpu) norm += v * v;
-  EXPECT_GT(norm, 0.0) << what << ": reference is all zeros";
+  if (norm == 0) {  // a rank whose experts received no token: its share is exactly zero
+    for (double v : gpu) ASSERT_EQ(v, 0.0) << what;
+    return;
+  }
+  EXPECT_LT(relative_error(gpu, cpu), 1e-2) << what;
 }
 
 struct PresetCase {

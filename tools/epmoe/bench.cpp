@@ -12,30 +12,25 @@
 #include "cpu_ceilings.h"
 #include "epmoe/moe_cpu.h"
 #include "problem.h"
+#ifdef EPMOE_WITH_CUDA
+#include "bench_cuda.h"
+#endif
 
 namespace epmoe::cli {
 
 namespace {
 
-struct Measurement {
-  int64_t tokens = 0, local_pairs = 0, experts = 0;
-  double seconds = 0, bytes = 0, flops = 0, floor_seconds = 0;
-};
-
-// Pairs that reach a local expert (shared experts count as one more pair per token).
-int64_t local_pairs(const MoeCase& moe_case) {
+// The routing of a case's logits, [T, k] global ids.
+std::vector<int32_t> routed_ids(const MoeCase& moe_case) {
   const Tensor& x = moe_case.inputs.x;
   const int k = moe_case.spec.routing.top_k;
-  // The case's map lists exactly the local experts with tokens; count through it.
-  Buffer topk_ids(DType::kI32, {x.size(0), k}), topk_weights(DType::kF32, {x.size(0), k});
-  if (!route_cpu(moe_case.spec.routing, *moe_case.inputs.router_logits, moe_case.inputs.correction_bias,
-                 topk_ids.view(), topk_weights.view())
-           .ok())
-    return 0;
-  int64_t pairs = 0;
-  for (int64_t i = 0; i < topk_ids.numel(); ++i)
-    pairs += moe_case.inputs.expert_map->data_as<int32_t>()[topk_ids.data_as<int32_t>()[i]] >= 0;
-  return pairs;
+  std::vector<int32_t> ids(x.size(0) * k);
+  std::vector<float> weights(ids.size());
+  const Status status = route_cpu(moe_case.spec.routing, *moe_case.inputs.router_logits, moe_case.inputs.correction_bias,
+                                  Tensor::contiguous(ids.data(), DType::kI32, {x.size(0), k}),
+                                  Tensor::contiguous(weights.data(), DType::kF32, {x.size(0), k}));
+  if (!status.ok()) ids.clear();
+  return ids;
 }
 
 double median_seconds(const MoeCase& moe_case, const Tensor& out, int iterations, int threads, Status& status) {
@@ -59,18 +54,29 @@ double worst_case_weight_bytes(const Problem& problem, int64_t tokens) {
   return element * 3.0 * o.hidden * (experts * o.intermediate + o.shared_intermediate);
 }
 
+bool cuda_available() {
+#ifdef EPMOE_WITH_CUDA
+  return cuda_device_present();
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 int run_bench(const std::vector<std::string>& arguments) {
   Args args("epmoe bench --model NAME --tokens LIST [--ep R] [options]",
-            "Times the MoE operator on the CPU for one rank's share of a preset's layer (routing\n"
+            "Times the MoE operator (GPU or CPU) for one rank's share of a preset's layer (routing\n"
             "over all E, only the rank's experts computed) and prints the median time beside the\n"
             "roofline floor max(bytes / bandwidth, flops / rate) and the ratio time / floor.\n"
             "Bytes count each local expert's weights once if any pair touches it, plus x, the\n"
-            "logits and y; flops are 2 * pairs * 3 * H * I. Both ceilings are measured at start.");
+            "logits and y; flops are 2 * pairs * 3 * H * I. Both ceilings are measured at start:\n"
+            "on the GPU a 2 GiB device copy and an 8192^3 cuBLAS bf16 GEMM; runs there are CUDA\n"
+            "graph replays timed with events, rotating inputs and weight copies past the L2.");
   declare_problem_options(args, "1,16,64");
   args.option("iterations", "N", "timed runs per size (median reported)", "5");
   args.option("json", "FILE", "also write every figure to FILE");
+  args.option("device", "D", "cpu or cuda", "cuda when built with CUDA and a GPU is present, else cpu");
   if (Status status = args.parse(arguments); !status.ok()) return usage_error("bench", status.message());
   if (args.help_requested()) {
     std::fputs(args.help().c_str(), stdout);
@@ -82,6 +88,18 @@ int run_bench(const std::vector<std::string>& arguments) {
   if (!token_list.ok()) return usage_error("bench", token_list.status().message());
   Result<int64_t> iterations = args.integer("iterations", 1, 1000);
   if (!iterations.ok()) return usage_error("bench", iterations.status().message());
+
+  std::string device = args.text("device");
+  if (!args.given("device")) device = cuda_available() ? "cuda" : "cpu";
+  if (device == "cuda") {
+#ifdef EPMOE_WITH_CUDA
+    return bench_cuda(problem.value(), token_list.value(), static_cast<int>(iterations.value()),
+                      args.given("json") ? args.text("json") : "");
+#else
+    return usage_error("bench", "--device cuda: this build has no CUDA backend (configure with -DEPMOE_CUDA=ON)");
+#endif
+  }
+  if (device != "cpu") return usage_error("bench", "option --device: expected cpu or cuda, got " + in_quotes(device));
 
   const Ceilings ceilings = measure_cpu_ceilings(problem->threads);
   const double memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
@@ -105,28 +123,20 @@ int run_bench(const std::vector<std::string>& arguments) {
     const Tensor& x = moe_case->inputs.x;
     Buffer out(x.dtype, {x.size(0), x.size(1)});
     Status status;
-    Measurement m;
-    m.tokens = tokens;
-    m.seconds = median_seconds(moe_case.value(), out.view(), static_cast<int>(iterations.value()), problem->threads,
-                               status);
+    const double seconds = median_seconds(moe_case.value(), out.view(), static_cast<int>(iterations.value()),
+                                          problem->threads, status);
     if (!status.ok()) return usage_error("bench", status.to_string());
-    m.local_pairs = local_pairs(moe_case.value());
-    m.experts = moe_case->weights.w13.size(0);
-    const int64_t H = options.hidden;
-    m.bytes = static_cast<double>(weight_bytes(moe_case.value()) + 2 * x.nbytes() +
-                                  moe_case->inputs.router_logits->nbytes());
-    m.flops = 2.0 * 3.0 * H *
-              (static_cast<double>(m.local_pairs) * options.intermediate +
-               (moe_case->weights.shared_w13 ? static_cast<double>(tokens) * options.shared_intermediate : 0.0));
-    m.floor_seconds = std::max(m.bytes / ceilings.bytes_per_second, m.flops / ceilings.flops_per_second);
+    const ExpertMap owned = ExpertMap::build(options.placement, options.spec.routing.num_experts, options.num_ranks,
+                                             options.rank).value();
+    const Workload w = count_workload(options, routed_ids(moe_case.value()), owned, moe_case->weights.shared_w13.has_value());
+    const double floor_seconds = std::max(w.bytes / ceilings.bytes_per_second, w.flops / ceilings.flops_per_second);
     std::printf("%8lld %8lld %8lld %11.3f %9.2f %9.2f %11.3f %7.2f\n", static_cast<long long>(tokens),
-                static_cast<long long>(m.local_pairs), static_cast<long long>(m.experts), m.seconds * 1e3,
-                m.bytes / m.seconds / 1e9, m.flops / m.seconds / 1e9, m.floor_seconds * 1e3,
-                m.seconds / m.floor_seconds);
+                static_cast<long long>(w.local_pairs), static_cast<long long>(w.experts_touched), seconds * 1e3,
+                w.bytes / seconds / 1e9, w.flops / seconds / 1e9, floor_seconds * 1e3, seconds / floor_seconds);
     std::fflush(stdout);
-    results.push_back({{"tokens", tokens}, {"local_pairs", m.local_pairs}, {"experts_touched", m.experts},
-                       {"seconds", m.seconds}, {"bytes", m.bytes}, {"flops", m.flops},
-                       {"floor_seconds", m.floor_seconds}, {"ratio", m.seconds / m.floor_seconds}});
+    results.push_back({{"tokens", tokens}, {"local_pairs", w.local_pairs}, {"experts_touched", w.experts_touched},
+                       {"seconds", seconds}, {"bytes", w.bytes}, {"flops", w.flops},
+                       {"floor_seconds", floor_seconds}, {"ratio", seconds / floor_seconds}});
   }
   if (args.given("json")) {
     const nlohmann::json document = {

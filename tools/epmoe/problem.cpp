@@ -70,4 +70,25 @@ std::string describe(const Problem& problem) {
 
 double tolerance_for(QuantScheme scheme) { return is_fp8(scheme) ? 3e-2 : 1e-2; }
 
+Workload count_workload(const RandomCaseOptions& options, std::span<const int32_t> topk_ids, const ExpertMap& owned,
+                        bool with_shared) {
+  Workload w;
+  std::vector<bool> touched(owned.num_experts(), false);
+  for (int32_t id : topk_ids) {
+    if (owned.local_index(id) < 0) continue;
+    ++w.local_pairs;
+    touched[id] = true;
+  }
+  for (bool t : touched) w.experts_touched += t;
+  const double H = static_cast<double>(options.hidden), T = static_cast<double>(options.tokens);
+  const double element = is_fp8(options.spec.quant.scheme) ? 1.0 : 2.0;
+  const double activation = options.activation_dtype == DType::kF32 ? 4.0 : 2.0;
+  const double shared_columns = with_shared ? static_cast<double>(options.shared_intermediate) : 0.0;
+  const double expert_weights = 3.0 * H * static_cast<double>(options.intermediate) * element;
+  w.bytes = static_cast<double>(w.experts_touched) * expert_weights + 3.0 * H * shared_columns * element +
+            2.0 * T * H * activation + T * options.spec.routing.num_experts * 4.0;
+  w.flops = 2.0 * 3.0 * H * (static_cast<double>(w.local_pairs) * static_cast<double>(options.intermediate) + T * shared_columns);
+  return w;
+}
+
 }  // namespace epmoe::cli

@@ -18,11 +18,13 @@ Result<DeviceBuffer> DeviceBuffer::allocate(size_t bytes) {
 }
 
 Status copy_to_device(const Tensor& host, void* device) {
+  if (host.nbytes() == 0) return {};
   CUDA_CHECK(cudaMemcpy(device, host.data, host.nbytes(), cudaMemcpyHostToDevice));
   return {};
 }
 
 Status copy_to_host(const void* device, const Tensor& host) {
+  if (host.nbytes() == 0) return {};
   CUDA_CHECK(cudaMemcpy(host.data, device, host.nbytes(), cudaMemcpyDeviceToHost));
   return {};
 }

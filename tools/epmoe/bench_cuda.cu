@@ -1,0 +1,309 @@
+// epmoe bench --device cuda. Measures the device's two ceilings at start (a 2 GiB
+// device-to-device copy, bytes read + written; an 8192^3 bf16 cuBLAS GEMM on random data),
+// fills rank 0's local experts with random bf16 weights on the device, and for each T times
+// CUDA-graph replays of the operator with CUDA events, rotating over several input sets
+// (and, where the weights are small, several weight copies) so no run finds the previous
+// run's weights in L2. Prints the median beside the floor of DESIGN.md.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "bench_cuda.h"
+#include "commands.h"
+#include "core/random.h"
+#include "epmoe/device_case.h"
+#include "epmoe/moe_cpu.h"
+#include "epmoe/moe_cuda.h"
+
+namespace epmoe::cli {
+
+namespace {
+
+#define BENCH_CHECK(expr)                                                                            \
+  do {                                                                                               \
+    const auto bench_status_ = (expr);                                                               \
+    if (bench_status_ != decltype(bench_status_){})                                                  \
+      return usage_error("bench", std::string(#expr) + " failed with code " + std::to_string(static_cast<int>(bench_status_))); \
+  } while (0)
+
+// Uniform bf16 in [-scale * sqrt(3), scale * sqrt(3)) from a counter hash: unit variance * scale.
+__global__ void fill_random_bf16(uint16_t* data, int64_t count, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(i) + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float uniform = static_cast<float>(z >> 40) * 0x1p-24f * 2.0f - 1.0f;
+    data[i] = __bfloat16_as_ushort(__float2bfloat16_rn(uniform * 1.7320508f * scale));
+  }
+}
+
+cudaError_t fill(void* data, int64_t count, uint64_t seed, float scale) {
+  fill_random_bf16<<<1024, 256>>>(static_cast<uint16_t*>(data), count, seed, scale);
+  return cudaGetLastError();
+}
+
+struct DeviceCeilings {
+  double bytes_per_second = 0, flops_per_second = 0;
+};
+
+template <typename Work>
+float median_ms(int repeats, Work work) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<float> times;
+  for (int i = 0; i < repeats; ++i) {
+    cudaEventRecord(start);
+    work(i);
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+Result<DeviceCeilings> measure_ceilings() {
+  DeviceCeilings ceilings;
+  constexpr size_t kCopyBytes = size_t{2} << 30;
+  Result<DeviceBuffer> source = DeviceBuffer::allocate(kCopyBytes), target = DeviceBuffer::allocate(kCopyBytes);
+  if (!source.ok()) return source.status();
+  if (!target.ok()) return target.status();
+  if (fill(source->data(), kCopyBytes / 2, 7, 1.0f) != cudaSuccess) return Status::io_error("fill failed");
+  cudaMemcpy(target->data(), source->data(), kCopyBytes, cudaMemcpyDeviceToDevice);  // warm-up
+  const float copy_ms =
+      median_ms(10, [&](int) { cudaMemcpyAsync(target->data(), source->data(), kCopyBytes, cudaMemcpyDeviceToDevice); });
+  ceilings.bytes_per_second = 2.0 * kCopyBytes / (copy_ms * 1e-3);
+
+  constexpr int kN = 8192;
+  const size_t matrix_bytes = size_t{kN} * kN * 2;
+  Result<DeviceBuffer> a = DeviceBuffer::allocate(matrix_bytes), b = DeviceBuffer::allocate(matrix_bytes),
+                       c = DeviceBuffer::allocate(matrix_bytes);
+  if (!a.ok() || !b.ok() || !c.ok()) return Status(StatusCode::kOutOfMemory, "GEMM ceiling buffers");
+  fill(a->data(), int64_t{kN} * kN, 11, 1.0f);
+  fill(b->data(), int64_t{kN} * kN, 12, 1.0f);
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return Status::io_error("cublasCreate failed");
+  const float alpha = 1.0f, beta = 0.0f;
+  cublasStatus_t gemm_status = CUBLAS_STATUS_SUCCESS;
+  auto gemm = [&](int) {
+    gemm_status = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, kN, kN, kN, &alpha, a->data(), CUDA_R_16BF, kN,
+                               b->data(), CUDA_R_16BF, kN, &beta, c->data(), CUDA_R_16BF, kN, CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT);
+  };
+  for (int i = 0; i < 3; ++i) gemm(i);
+  const float gemm_ms = median_ms(10, gemm);
+  cublasDestroy(handle);
+  if (gemm_status != CUBLAS_STATUS_SUCCESS) return Status::io_error("cublasGemmEx failed");
+  ceilings.flops_per_second = 2.0 * kN * kN * double{kN} / (gemm_ms * 1e-3);
+  return ceilings;
+}
+
+}  // namespace
+
+bool cuda_device_present() {
+  int devices = 0;
+  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+}
+
+int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts, int iterations,
+               const std::string& json_path) {
+  const RandomCaseOptions& base = problem.options;
+  if (base.spec.quant.scheme != QuantScheme::kBf16 || base.activation_dtype != DType::kBF16)
+    return usage_error("bench", "the GPU computes bf16 so far: add --quant bf16 (and --dtype bf16)");
+  cudaDeviceProp properties{};
+  BENCH_CHECK(cudaGetDeviceProperties(&properties, 0));
+  Result<DeviceCeilings> ceilings = measure_ceilings();
+  if (!ceilings.ok()) return usage_error("bench", ceilings.status().to_string());
+
+  const int E = base.spec.routing.num_experts;
+  const ExpertMap owned = ExpertMap::build(base.placement, E, base.num_ranks, 0).value();
+  const int64_t H = base.hidden, I = base.intermediate, Is = base.shared_intermediate;
+  const int64_t E_local = owned.num_local();
+  const int64_t weight_elements = E_local * 3 * H * I + 3 * H * Is;
+  const double weight_bytes = 2.0 * static_cast<double>(weight_elements);
+  // Enough weight copies that a rotation spans 4x the L2, within a third of the memory.
+  size_t free_bytes = 0, total_bytes = 0;
+  BENCH_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  int copies = static_cast<int>(std::ceil(4.0 * properties.l2CacheSize / weight_bytes));
+  copies = std::clamp(copies, 1, 8);
+  while (copies > 1 && copies * weight_bytes > free_bytes / 3.0) --copies;
+  if (weight_bytes > free_bytes * 0.8)
+    return usage_error("bench", "the rank's weights need " + std::to_string(weight_bytes / (1 << 30)) +
+                                    " GiB, more than the device has free; use --ep");
+  std::vector<DeviceBuffer> weight_sets;
+  for (int copy = 0; copy < copies; ++copy) {
+    Result<DeviceBuffer> buffer = DeviceBuffer::allocate(static_cast<size_t>(weight_bytes));
+    if (!buffer.ok()) return usage_error("bench", buffer.status().to_string());
+    auto* w = static_cast<uint16_t*>(buffer->data());
+    BENCH_CHECK(fill(w, E_local * 2 * I * H + 2 * Is * H, 100 + copy, 1.0f / std::sqrt(static_cast<float>(H))));
+    BENCH_CHECK(fill(w + E_local * 2 * I * H + 2 * Is * H, E_local * H * I + H * Is, 200 + copy,
+                     1.0f / std::sqrt(static_cast<float>(I))));
+    weight_sets.push_back(std::move(buffer).value());
+  }
+  auto weights_of = [&](int copy) {
+    auto* base_pointer = static_cast<uint16_t*>(weight_sets[copy].data());
+    MoeWeights w;
+    w.w13 = Tensor::contiguous(base_pointer, DType::kBF16, {E_local, 2 * I, H}, Device::kCuda);
+    uint16_t* next = base_pointer + E_local * 2 * I * H;
+    if (Is > 0) {
+      w.shared_w13 = Tensor::contiguous(next, DType::kBF16, {2 * Is, H}, Device::kCuda);
+      next += 2 * Is * H;
+    }
+    w.w2 = Tensor::contiguous(next, DType::kBF16, {E_local, H, I}, Device::kCuda);
+    next += E_local * H * I;
+    if (Is > 0) w.shared_w2 = Tensor::contiguous(next, DType::kBF16, {H, Is}, Device::kCuda);
+    return w;
+  };
+  Result<DeviceBuffer> map_buffer = DeviceBuffer::allocate(E * sizeof(int32_t));
+  if (!map_buffer.ok()) return usage_error("bench", map_buffer.status().to_string());
+  if (!copy_to_device(owned.view(), map_buffer->data()).ok()) return usage_error("bench", "expert map upload failed");
+
+  std::printf("bench %s, rank 0's share, %s (%d SMs, %d MB L2), %d weight cop%s of %.2f GiB\n",
+              describe(problem).c_str(), properties.name, properties.multiProcessorCount,
+              properties.l2CacheSize >> 20, copies, copies == 1 ? "y" : "ies", weight_bytes / (1 << 30));
+  std::printf("ceilings: copy %.2f TB/s, bf16 GEMM %.0f TFLOP/s\n", ceilings->bytes_per_second / 1e12,
+              ceilings->flops_per_second / 1e12);
+  std::printf("%7s %8s %8s %11s %8s %9s %11s %7s %6s\n", "T", "pairs", "experts", "time us", "TB/s", "TFLOP/s",
+              "floor us", "ratio", "bound");
+  nlohmann::json results = nlohmann::json::array();
+  constexpr int kInputSets = 4;
+  for (int64_t T : token_counts) {
+    RandomCaseOptions options = base;
+    options.tokens = T;
+    // Input sets: x on the device, logits drawn here (the floor needs their routing).
+    std::vector<DeviceBuffer> buffers;
+    std::vector<MoeInputs> inputs(kInputSets);
+    std::vector<Workload> workloads;
+    std::vector<float> bias(E);
+    Rng rng(base.seed, 0xb1a5);
+    for (float& v : bias) v = rng.centered(0.1f);
+    Result<DeviceBuffer> bias_buffer = DeviceBuffer::allocate(E * sizeof(float));
+    if (!bias_buffer.ok()) return usage_error("bench", bias_buffer.status().to_string());
+    const Tensor bias_host = Tensor::contiguous(bias.data(), DType::kF32, {E});
+    if (!copy_to_device(bias_host, bias_buffer->data()).ok()) return usage_error("bench", "bias upload failed");
+    for (int set = 0; set < kInputSets; ++set) {
+      Result<DeviceBuffer> x = DeviceBuffer::allocate(T * H * 2), logits = DeviceBuffer::allocate(T * E * 4);
+      if (!x.ok() || !logits.ok()) return usage_error("bench", "input buffers: out of device memory");
+      BENCH_CHECK(fill(x->data(), T * H, 300 + set, 1.0f));
+      Buffer logits_host(DType::kF32, {T, E});
+      for (int64_t i = 0; i < T * E; ++i) logits_host.data_as<float>()[i] = rng.centered(1.5f);
+      if (!copy_to_device(logits_host.view(), logits->data()).ok()) return usage_error("bench", "logits upload failed");
+      std::vector<int32_t> ids(T * base.spec.routing.top_k);
+      std::vector<float> route_weights(ids.size());
+      std::optional<Tensor> host_bias;
+      if (base.correction_bias) host_bias = bias_host;
+      const int64_t k = base.spec.routing.top_k;
+      if (!route_cpu(base.spec.routing, logits_host.view(), host_bias, Tensor::contiguous(ids.data(), DType::kI32, {T, k}),
+                     Tensor::contiguous(route_weights.data(), DType::kF32, {T, k}))
+               .ok())
+        return usage_error("bench", "host routing failed");
+      workloads.push_back(count_workload(options, ids, owned, Is > 0));
+      inputs[set].x = Tensor::contiguous(x->data(), DType::kBF16, {T, H}, Device::kCuda);
+      inputs[set].router_logits = Tensor::contiguous(logits->data(), DType::kF32, {T, E}, Device::kCuda);
+      if (base.correction_bias)
+        inputs[set].correction_bias = Tensor::contiguous(bias_buffer->data(), DType::kF32, {E}, Device::kCuda);
+      inputs[set].expert_map = Tensor::contiguous(map_buffer->data(), DType::kI32, {E}, Device::kCuda);
+      buffers.push_back(std::move(x).value());
+      buffers.push_back(std::move(logits).value());
+    }
+    Result<DeviceBuffer> out = DeviceBuffer::allocate(T * H * 2);
+    if (!out.ok()) return usage_error("bench", out.status().to_string());
+    const Tensor out_view = Tensor::contiguous(out->data(), DType::kBF16, {T, H}, Device::kCuda);
+    MoeWeights first_weights = weights_of(0);
+    Result<MoeShape> shape = validate_moe(base.spec, first_weights, inputs[0], &out_view, Device::kCuda);
+    if (!shape.ok()) return usage_error("bench", shape.status().to_string());
+    Result<DeviceBuffer> workspace = DeviceBuffer::allocate(moe_workspace_bytes(shape.value()));
+    if (!workspace.ok()) return usage_error("bench", workspace.status().to_string());
+
+    // One graph per (input set, weight copy) pairing of the rotation.
+    const int rotation = std::max(kInputSets, copies);
+    cudaStream_t stream;
+    BENCH_CHECK(cudaStreamCreate(&stream));
+    std::vector<cudaGraphExec_t> graphs;
+    for (int r = 0; r < rotation; ++r) {
+      const MoeWeights w = weights_of(r % copies);
+      const CudaWorkspace ws{workspace->data(), workspace->bytes()};
+      const Status warm = moe_forward_cuda(base.spec, w, inputs[r % kInputSets], out_view, ws, stream);
+      if (!warm.ok()) return usage_error("bench", warm.to_string());
+      cudaGraph_t graph;
+      BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      const Status captured = moe_forward_cuda(base.spec, w, inputs[r % kInputSets], out_view, ws, stream);
+      BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+      if (!captured.ok()) return usage_error("bench", captured.to_string());
+      cudaGraphExec_t exec;
+      BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      BENCH_CHECK(cudaGraphDestroy(graph));
+      graphs.push_back(exec);
+    }
+    for (cudaGraphExec_t exec : graphs) BENCH_CHECK(cudaGraphLaunch(exec, stream));
+    BENCH_CHECK(cudaStreamSynchronize(stream));
+    const int runs = std::max(iterations, rotation);
+    cudaEvent_t start, stop;
+    BENCH_CHECK(cudaEventCreate(&start));
+    BENCH_CHECK(cudaEventCreate(&stop));
+    std::vector<float> times;
+    double floor_sum = 0;
+    Workload mean;
+    for (int i = 0; i < runs; ++i) {
+      BENCH_CHECK(cudaEventRecord(start, stream));
+      BENCH_CHECK(cudaGraphLaunch(graphs[i % rotation], stream));
+      BENCH_CHECK(cudaEventRecord(stop, stream));
+      BENCH_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      times.push_back(ms);
+      const Workload& w = workloads[(i % rotation) % kInputSets];
+      floor_sum += std::max(w.bytes / ceilings->bytes_per_second, w.flops / ceilings->flops_per_second);
+      mean.local_pairs += w.local_pairs;
+      mean.experts_touched += w.experts_touched;
+      mean.bytes += w.bytes;
+      mean.flops += w.flops;
+    }
+    for (cudaGraphExec_t exec : graphs) cudaGraphExecDestroy(exec);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaStreamDestroy(stream);
+    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+    const double seconds = times[times.size() / 2] * 1e-3;
+    const double floor_seconds = floor_sum / runs;
+    const double bytes = mean.bytes / runs, flops = mean.flops / runs;
+    const bool bandwidth_bound = bytes / ceilings->bytes_per_second >= flops / ceilings->flops_per_second;
+    std::printf("%7lld %8lld %8lld %11.1f %8.2f %9.1f %11.1f %7.2f %6s\n", static_cast<long long>(T),
+                static_cast<long long>(mean.local_pairs / runs), static_cast<long long>(mean.experts_touched / runs),
+                seconds * 1e6, bytes / seconds / 1e12, flops / seconds / 1e12, floor_seconds * 1e6,
+                seconds / floor_seconds, bandwidth_bound ? "memory" : "math");
+    std::fflush(stdout);
+    results.push_back({{"tokens", T}, {"local_pairs", mean.local_pairs / runs},
+                       {"experts_touched", mean.experts_touched / runs}, {"seconds", seconds}, {"bytes", bytes},
+                       {"flops", flops}, {"floor_seconds", floor_seconds}, {"ratio", seconds / floor_seconds},
+                       {"bound", bandwidth_bound ? "memory" : "math"}, {"runs", runs}});
+  }
+  if (!json_path.empty()) {
+    const nlohmann::json document = {
+        {"device", properties.name},
+        {"problem", describe(problem)},
+        {"model", std::string(problem.preset->name)},
+        {"ep", base.num_ranks},
+        {"ceilings", {{"bytes_per_second", ceilings->bytes_per_second}, {"flops_per_second", ceilings->flops_per_second}}},
+        {"results", results}};
+    std::ofstream file(json_path);
+    file << document.dump(2) << "\n";
+    if (!file) return usage_error("bench", "cannot write " + json_path);
+  }
+  return 0;
+}
+
+}  // namespace epmoe::cli
