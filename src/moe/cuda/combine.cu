@@ -5,6 +5,7 @@
 // One block per token, 8 bf16 (16 bytes) per thread: bound by reading the k pair rows.
 #include <cuda_bf16.h>
 
+#include "launch.cuh"
 #include "launchers.h"
 
 namespace epmoe::cuda {
@@ -31,6 +32,8 @@ __device__ void accumulate(float (&acc)[kVector], const uint16_t* row, float wei
 __global__ void combine_kernel(const uint16_t* pair_out, const int32_t* slot_of_pair, const float* topk_weights,
                                const int32_t* group_offsets, int shared_group, bool unit_weights, int top_k,
                                int64_t hidden, uint16_t* y) {
+  allow_successor();
+  wait_for_predecessor();
   const int64_t t = blockIdx.x;
   for (int64_t h = static_cast<int64_t>(threadIdx.x) * kVector; h < hidden; h += kThreads * kVector) {
     float acc[kVector] = {};
@@ -48,6 +51,8 @@ __global__ void combine_kernel(const uint16_t* pair_out, const int32_t* slot_of_
 }
 
 __global__ void scale_rows_kernel(const uint16_t* x, const float* weights, int64_t hidden, uint16_t* x_scaled) {
+  allow_successor();
+  wait_for_predecessor();
   const int64_t t = blockIdx.x;
   const float weight = weights[t];
   for (int64_t h = static_cast<int64_t>(threadIdx.x) * kVector; h < hidden; h += kThreads * kVector) {
@@ -68,17 +73,15 @@ cudaError_t launch_combine(const uint16_t* pair_out, const int32_t* slot_of_pair
                            const int32_t* group_offsets, int shared_group, bool unit_weights, int64_t tokens,
                            int top_k, int64_t hidden, uint16_t* y, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  combine_kernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(pair_out, slot_of_pair, topk_weights,
-                                                                         group_offsets, shared_group, unit_weights,
-                                                                         top_k, hidden, y);
-  return cudaGetLastError();
+  return launch_chained(combine_kernel, dim3(static_cast<unsigned>(tokens)), dim3(kThreads), 0, stream, pair_out,
+                        slot_of_pair, topk_weights, group_offsets, shared_group, unit_weights, top_k, hidden, y);
 }
 
 cudaError_t launch_scale_rows(const uint16_t* x, const float* topk_weights, int64_t tokens, int64_t hidden,
                               uint16_t* x_scaled, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  scale_rows_kernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(x, topk_weights, hidden, x_scaled);
-  return cudaGetLastError();
+  return launch_chained(scale_rows_kernel, dim3(static_cast<unsigned>(tokens)), dim3(kThreads), 0, stream, x,
+                        topk_weights, hidden, x_scaled);
 }
 
 }  // namespace epmoe::cuda

@@ -1,5 +1,5 @@
-// Grouped GEMM over the experts' row tiles, bf16 tensor cores (mma.sync m16n8k16, f32
-// accumulate), with the gather of A rows and the gated activation fused.
+// Grouped GEMM over the experts' row tiles, bf16 tensor cores (f32 accumulate), with the
+// gather of A rows and the gated activation fused.
 //
 // Work: blockIdx.x = a row tile of PairLayout (one group = one expert, up to tile_rows
 // consecutive slots), blockIdx.y = a column tile. Tiles past tile_count exit at once, so
@@ -7,18 +7,20 @@
 // Layout: A rows (activations, K-major) are gathered per slot through a_row_of_slot; B is
 // the expert's weight [N, K], K-major, so both operands are "K-contiguous" and a C tile is
 // sum_k A[m, k] B[n, k] (a TN GEMM). Tiles of A (rows x 64) and B (cols x 64) stream through
-// a STAGES-deep cp.async ring in shared memory, 16-byte chunks XOR-swizzled by row so the
-// ldmatrix reads are free of bank conflicts.
+// a STAGES-deep cp.async ring in shared memory, 16-byte chunks XOR-swizzled by row (the
+// 128-byte swizzle wgmma reads, and free of bank conflicts for ldmatrix).
 // Gated (GEMM1): the B tile interleaves gate and up rows in blocks of 8 (8 gate rows of
 // columns c..c+7, then the 8 up rows of the same columns), so each thread's accumulators
 // hold gate and up of the same output element, and act(gate) * up is written directly as
 // the bf16 intermediate: no extra pass over it.
-// Bounds: at decode the weights stream once (bandwidth); at large T the mma.sync rate, which
-// on Hopper is below the wgmma rate (docs/KERNELS.md has the figures).
+// Tensor cores: wgmma (sm_90a) for tiles of 64 and 128 rows; mma.sync for the 16-row decode
+// tile, where the weights stream once and bandwidth, not the instruction, is the bound.
+// Both keep their accumulators in the same fragment order, so one epilogue serves both.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 
+#include "launch.cuh"
 #include "launchers.h"
 
 namespace epmoe::cuda {
@@ -28,21 +30,31 @@ namespace {
 constexpr int kDepth = 64;            // K per pipeline stage: 128 bytes of bf16 per row
 constexpr int kChunksPerRow = kDepth / 8;  // 16-byte chunks
 
-// A tile shape. Chosen by choose_tile_rows(); instantiated only in kConfigs below.
-template <int Rows, int Cols, int Stages, int WarpsM, int WarpsN>
+enum class Instruction { kMmaSync, kWgmma };
+
+// A tile shape and the tensor-core instruction that computes it. Chosen by
+// choose_tile_rows(); only the three configs below are instantiated.
+//   mma.sync: WarpsM x WarpsN warps, each a (Rows / WarpsM) x (Cols / WarpsN) tile of m16n8k16.
+//   wgmma:    Rows / 64 warpgroups, each m64 x Cols (one m64nCk16 per 16 of K); warp w of the
+//             CTA holds rows 16w..16w+15, so the epilogue indexes both alike.
+template <Instruction Kind, int Rows, int Cols, int Stages, int WarpsM, int WarpsN>
 struct Config {
+  static constexpr Instruction kInstruction = Kind;
   static constexpr int kRows = Rows, kCols = Cols, kStages = Stages, kWarpsN = WarpsN;
   static constexpr int kThreads = WarpsM * WarpsN * 32;
   static constexpr int kWarpRows = Rows / WarpsM, kWarpCols = Cols / WarpsN;
   static constexpr int kMmaM = kWarpRows / 16, kMmaN = kWarpCols / 8;
   static constexpr int kStageElements = (Rows + Cols) * kDepth;
-  static constexpr size_t kSharedBytes = size_t{Stages} * kStageElements * sizeof(uint16_t);
+  // + 1 KiB to align the ring to the 1024-byte period of the 128-byte swizzle (wgmma needs it).
+  static constexpr size_t kSharedBytes = size_t{Stages} * kStageElements * sizeof(uint16_t) + 1024;
   static_assert(kWarpRows % 16 == 0 && kWarpCols % 16 == 0, "warp tile must hold whole mma tiles and gate/up pairs");
+  static_assert(Kind != Instruction::kWgmma || (WarpsN == 1 && kWarpRows == 16 && Cols == 128),
+                "wgmma configs: one warp per 16 rows, m64n128 per warpgroup");
 };
 
-using DecodeConfig = Config<16, 128, 4, 1, 4>;
-using MediumConfig = Config<64, 128, 3, 2, 4>;
-using LargeConfig = Config<128, 128, 3, 2, 4>;
+using DecodeConfig = Config<Instruction::kMmaSync, 16, 128, 4, 1, 4>;
+using MediumConfig = Config<Instruction::kWgmma, 64, 128, 4, 4, 1>;
+using LargeConfig = Config<Instruction::kWgmma, 128, 128, 4, 8, 1>;
 
 __device__ uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
@@ -70,6 +82,47 @@ __device__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// wgmma descriptor of a K-major bf16 tile with 64-element (128-byte) rows, 128-byte swizzle:
+// start address >> 4, leading offset 16 B (unused for this layout), stride 1024 B between
+// groups of 8 rows, layout type 1 (128B swizzle). The tile must be 1024-byte aligned.
+__device__ uint64_t wgmma_descriptor(const uint16_t* tile) {
+  const uint64_t address = shared_address(tile);
+  return ((address & 0x3ffff) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int Pending>
+__device__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+
+// d[j][q]: n8 block j of the warpgroup's m64n128 accumulator, in the mma.sync fragment order.
+__device__ void wgmma_m64n128k16(float (&d)[16][4], uint64_t a_descriptor, uint64_t b_descriptor) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "l"(a_descriptor), "l"(b_descriptor));
+}
+
 __device__ float activate(Activation activation, float value) {
   if (activation == Activation::kSilu) return value / (1.0f + expf(-value));
   return 0.5f * value * (1.0f + erff(value * 0.70710678118654752f));
@@ -83,7 +136,10 @@ __device__ void store_pair(uint16_t* destination, float first, float second) {
 template <typename Cfg, bool kGated>
 __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups groups, PairLayout layout,
                                                                      Activation activation) {
-  extern __shared__ __align__(128) uint16_t shared_tiles[];
+  extern __shared__ __align__(128) uint8_t shared_raw[];
+  uint16_t* shared_tiles = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
+  allow_successor();
+  wait_for_predecessor();
   const int tile = blockIdx.x;
   if (tile >= *layout.tile_count) return;
   const int group = layout.tile_group[tile];
@@ -162,37 +218,65 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
     if (s < k_tiles) load_stage(s, static_cast<int64_t>(s) * kDepth);
     asm volatile("cp.async.commit_group;\n");
   }
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
-    __syncthreads();
-    const int next = kt + Cfg::kStages - 1;
-    if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(next) * kDepth);
-    asm volatile("cp.async.commit_group;\n");
+  if constexpr (Cfg::kInstruction == Instruction::kMmaSync) {
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
+      __syncthreads();
+      const int next = kt + Cfg::kStages - 1;
+      if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(next) * kDepth);
+      asm volatile("cp.async.commit_group;\n");
 
-    const uint16_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageElements;
-    const uint16_t* b_tile = a_tile + Cfg::kRows * kDepth;
+      const uint16_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageElements;
+      const uint16_t* b_tile = a_tile + Cfg::kRows * kDepth;
 #pragma unroll
-    for (int kk = 0; kk < kDepth / 16; ++kk) {
-      uint32_t a_frag[Cfg::kMmaM][4];
-#pragma unroll
-      for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
-        const int row = warp_row + mi * 16 + lane % 16;
-        ldmatrix_x4(a_frag[mi], a_tile + swizzled(row, kk * 2 + lane / 16));
-      }
-#pragma unroll
-      for (int np = 0; np < Cfg::kMmaN / 2; ++np) {
-        uint32_t b_frag[4];
-        const int row = warp_col + np * 16 + lane % 8 + (lane / 16) * 8;
-        ldmatrix_x4(b_frag, b_tile + swizzled(row, kk * 2 + (lane / 8) % 2));
+      for (int kk = 0; kk < kDepth / 16; ++kk) {
+        uint32_t a_frag[Cfg::kMmaM][4];
 #pragma unroll
         for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
-          mma_bf16(acc[mi][2 * np], a_frag[mi], b_frag[0], b_frag[1]);
-          mma_bf16(acc[mi][2 * np + 1], a_frag[mi], b_frag[2], b_frag[3]);
+          const int row = warp_row + mi * 16 + lane % 16;
+          ldmatrix_x4(a_frag[mi], a_tile + swizzled(row, kk * 2 + lane / 16));
+        }
+#pragma unroll
+        for (int np = 0; np < Cfg::kMmaN / 2; ++np) {
+          uint32_t b_frag[4];
+          const int row = warp_col + np * 16 + lane % 8 + (lane / 16) * 8;
+          ldmatrix_x4(b_frag, b_tile + swizzled(row, kk * 2 + (lane / 8) % 2));
+#pragma unroll
+          for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
+            mma_bf16(acc[mi][2 * np], a_frag[mi], b_frag[0], b_frag[1]);
+            mma_bf16(acc[mi][2 * np + 1], a_frag[mi], b_frag[2], b_frag[3]);
+          }
         }
       }
     }
+    asm volatile("cp.async.wait_group 0;\n");
+  } else {
+    // Warpgroup g multiplies rows 64g..64g+63 of the A tile by the whole B tile. One wgmma
+    // group stays in flight while the next stage lands; a stage is refilled only after
+    // every warpgroup's wgmma on it has completed (wait_group 1, then the barrier).
+    const int warpgroup = warp / 4;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async data -> tensor cores
+      __syncthreads();
+      const uint16_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageElements;
+      const uint16_t* b_tile = a_tile + Cfg::kRows * kDepth;
+      const uint64_t a_descriptor = wgmma_descriptor(a_tile + warpgroup * 64 * kDepth);
+      const uint64_t b_descriptor = wgmma_descriptor(b_tile);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kDepth / 16; ++kk)  // +32 bytes along K inside the swizzle atom
+        wgmma_m64n128k16(acc[0], a_descriptor + 2 * kk, b_descriptor + 2 * kk);
+      wgmma_commit();
+      wgmma_wait<1>();
+      __syncthreads();
+      const int next = kt + Cfg::kStages - 1;
+      if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(next) * kDepth);
+      asm volatile("cp.async.commit_group;\n");
+    }
+    wgmma_wait<0>();
+    asm volatile("cp.async.wait_group 0;\n");
   }
-  asm volatile("cp.async.wait_group 0;\n");
 
   // Epilogue: thread holds rows lane/4 and lane/4 + 8 of each m16 tile, two columns each.
 #pragma unroll
@@ -230,8 +314,7 @@ cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, in
   const int64_t widest = std::max(groups.n, groups.n_shared) / (kGated ? 2 : 1);
   const int64_t cols_per_tile = kGated ? Cfg::kCols / 2 : Cfg::kCols;
   const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>((widest + cols_per_tile - 1) / cols_per_tile));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(groups, layout, activation);
-  return cudaGetLastError();
+  return launch_chained(kernel, grid, dim3(Cfg::kThreads), Cfg::kSharedBytes, stream, groups, layout, activation);
 }
 
 }  // namespace

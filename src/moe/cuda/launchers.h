@@ -22,7 +22,8 @@ cudaError_t launch_route(const RoutingSpec& spec, const void* logits, bool logit
                   int64_t tokens, int32_t* topk_ids, float* topk_weights, cudaStream_t stream);
 
 // sort_pairs.cu. Groups are the local experts, then (optionally) the shared experts as one
-// more group holding every token. Slots are grouped by group, pair order inside a group.
+// more group holding every token. Slots are grouped by group (their order inside a group
+// is not fixed, and nothing depends on it).
 struct PairLayout {
   int32_t* group_counts;   // [groups]
   int32_t* group_offsets;  // [groups + 1] first slot of each group

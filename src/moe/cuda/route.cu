@@ -10,6 +10,7 @@
 
 #include <cfloat>
 
+#include "launch.cuh"
 #include "launchers.h"
 
 namespace epmoe::cuda {
@@ -76,6 +77,8 @@ __device__ float sigmoid(float value) { return 1.0f / (1.0f + expf(-value)); }
 __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_bf16, const float* bias, int64_t tokens,
                              int32_t* topk_ids, float* topk_weights) {
   extern __shared__ float shared_scores[];
+  allow_successor();
+  wait_for_predecessor();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (t >= tokens) return;
@@ -173,9 +176,8 @@ cudaError_t launch_route(const RoutingSpec& spec, const void* logits, bool logit
   if (tokens == 0) return cudaSuccess;
   const size_t shared_bytes = kWarpsPerBlock * 2 * spec.num_experts * sizeof(float);
   const unsigned blocks = static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  route_kernel<<<blocks, kWarpsPerBlock * 32, shared_bytes, stream>>>(spec, logits, logits_bf16, correction_bias,
-                                                                      tokens, topk_ids, topk_weights);
-  return cudaGetLastError();
+  return launch_chained(route_kernel, dim3(blocks), dim3(kWarpsPerBlock * 32), shared_bytes, stream, spec, logits,
+                        logits_bf16, correction_bias, tokens, topk_ids, topk_weights);
 }
 
 }  // namespace epmoe::cuda

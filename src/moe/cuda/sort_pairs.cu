@@ -1,90 +1,83 @@
 // Map and sort: pairs (token, j) -> local expert through expert_map -> slots grouped by
-// expert, in pair order inside each group, plus the row-tile schedule of the GEMMs.
-//
-//   count:    one thread per pair; local group via expert_map (ids outside [0, E) and
-//             experts mapped to -1 get no slot); atomic counts (their values do not depend
-//             on the order of the atomics, so the result is deterministic).
-//   schedule: one block: exclusive scan of the counts -> group offsets; each group's
-//             ceil(count / tile_rows) row tiles -> (group, first slot) per tile.
-//   place:    one block per group scans all pairs in order with a block-wide prefix sum,
-//             so each pair's slot is offset + number of earlier pairs of its group.
+// expert, plus the row-tile schedule of the GEMMs. One block does all of it:
+//   1. count: each pair's group (ids outside [0, E) and experts mapped to -1 get none),
+//      counted with shared-memory atomics;
+//   2. scan: group offsets, and each group's ceil(count / tile_rows) row tiles;
+//   3. place: each pair takes the next slot of its group (a shared-memory cursor).
+// The order of slots inside a group depends on the atomics, but nothing downstream depends
+// on it: a GEMM row's result does not depend on which rows share its tile, and the combine
+// reads each pair's slot in the fixed order j = 0..k-1, so the output is bitwise the same.
 // The shared experts, when present, are the last group: slot offset + t for token t.
-// Cost: the place pass reads T*k ids once per group (from L2); microseconds at decode,
-// tens of microseconds at 16k tokens, small beside the GEMMs.
+// One block reads the T*k ids twice: ~3 us at decode, tens of us at 16k tokens (beside
+// milliseconds of GEMM); one launch instead of four keeps the decode chain short.
 #include <algorithm>
-#include <cub/block/block_scan.cuh>
 
+#include "launch.cuh"
 #include "launchers.h"
 
 namespace epmoe::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 1024;
 
 __device__ int local_group(int32_t id, const int32_t* expert_map, int num_experts) {
   if (id < 0 || id >= num_experts) return -1;
   return expert_map ? expert_map[id] : id;
 }
 
-__global__ void count_kernel(const int32_t* topk_ids, const int32_t* expert_map, int64_t pairs, int num_experts,
-                             int64_t tokens, int shared_group, PairLayout layout) {
-  const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (p == 0 && shared_group >= 0) layout.group_counts[shared_group] = static_cast<int32_t>(tokens);
-  if (p >= pairs) return;
-  const int group = local_group(topk_ids[p], expert_map, num_experts);
-  layout.slot_of_pair[p] = -1;
-  if (group >= 0) atomicAdd(&layout.group_counts[group], 1);
-}
-
-__global__ void schedule_kernel(int groups, int tile_rows, int64_t max_tiles, PairLayout layout) {
-  extern __shared__ int32_t tile_offsets[];  // [groups + 1]
+__global__ void __launch_bounds__(kThreads)
+    sort_pairs_kernel(const int32_t* topk_ids, const int32_t* expert_map, int64_t pairs, int top_k, int num_experts,
+                      int64_t tokens, int groups, int shared_group, int tile_rows, int64_t max_tiles,
+                      PairLayout layout) {
+  extern __shared__ int32_t counters[];  // [groups] counts, then cursors; [groups + 1] tile offsets
+  int32_t* cursor = counters;
+  int32_t* tile_offset = counters + groups;
+  allow_successor();
+  for (int g = threadIdx.x; g < groups; g += kThreads) cursor[g] = 0;
+  __syncthreads();
+  wait_for_predecessor();
+  for (int64_t p = threadIdx.x; p < pairs; p += kThreads) {
+    const int group = local_group(topk_ids[p], expert_map, num_experts);
+    if (group >= 0) atomicAdd(&cursor[group], 1);
+  }
+  if (threadIdx.x == 0 && shared_group >= 0) cursor[shared_group] = static_cast<int32_t>(tokens);
+  __syncthreads();
   if (threadIdx.x == 0) {
     int32_t slot = 0, tile = 0;
     for (int g = 0; g < groups; ++g) {
+      const int32_t count = cursor[g];
+      layout.group_counts[g] = count;
       layout.group_offsets[g] = slot;
-      tile_offsets[g] = tile;
-      const int32_t count = layout.group_counts[g];
+      tile_offset[g] = tile;
+      cursor[g] = slot;  // from here on: the next free slot of group g
       slot += count;
       tile += (count + tile_rows - 1) / tile_rows;
     }
     layout.group_offsets[groups] = slot;
-    tile_offsets[groups] = tile;
+    tile_offset[groups] = tile;
     *layout.tile_count = tile;
   }
   __syncthreads();
-  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
-    const int32_t first_slot = layout.group_offsets[g];
-    for (int32_t tile = tile_offsets[g], row = 0; tile < tile_offsets[g + 1] && tile < max_tiles; ++tile, row += tile_rows) {
+  for (int g = threadIdx.x; g < groups; g += kThreads) {
+    const int32_t first_slot = cursor[g];
+    for (int32_t tile = tile_offset[g], row = 0; tile < tile_offset[g + 1] && tile < max_tiles;
+         ++tile, row += tile_rows) {
       layout.tile_group[tile] = g;
       layout.tile_row[tile] = first_slot + row;
     }
   }
-}
-
-__global__ void place_kernel(const int32_t* topk_ids, const int32_t* expert_map, int64_t pairs, int top_k,
-                             int num_experts, int64_t tokens, int shared_group, PairLayout layout) {
-  using BlockScan = cub::BlockScan<int32_t, kThreads>;
-  __shared__ typename BlockScan::TempStorage scan_storage;
-  const int group = blockIdx.x;
-  const int32_t first_slot = layout.group_offsets[group];
-  if (group == shared_group) {
-    for (int64_t t = threadIdx.x; t < tokens; t += kThreads) layout.slot_token[first_slot + t] = static_cast<int32_t>(t);
-    return;
-  }
-  int32_t placed = 0;
-  for (int64_t base = 0; base < pairs; base += kThreads) {
-    const int64_t p = base + threadIdx.x;
-    const bool mine = p < pairs && local_group(topk_ids[p], expert_map, num_experts) == group;
-    int32_t rank = 0, in_chunk = 0;
-    BlockScan(scan_storage).ExclusiveSum(mine ? 1 : 0, rank, in_chunk);
-    if (mine) {
-      const int32_t slot = first_slot + placed + rank;
-      layout.slot_of_pair[p] = slot;
+  if (shared_group >= 0)
+    for (int64_t t = threadIdx.x; t < tokens; t += kThreads)
+      layout.slot_token[cursor[shared_group] + t] = static_cast<int32_t>(t);
+  for (int64_t p = threadIdx.x; p < pairs; p += kThreads) {
+    const int group = local_group(topk_ids[p], expert_map, num_experts);
+    int32_t slot = -1;
+    if (group >= 0) {
+      slot = atomicAdd(&cursor[group], 1);
       layout.slot_token[slot] = static_cast<int32_t>(p / top_k);
     }
-    placed += in_chunk;
-    __syncthreads();  // scan_storage is reused by the next chunk
+    layout.slot_of_pair[p] = slot;
   }
 }
 
@@ -99,18 +92,10 @@ cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map
                               int num_experts, int local_experts, bool shared_group, int tile_rows, int64_t max_tiles,
                               const PairLayout& layout, cudaStream_t stream) {
   const int groups = local_experts + (shared_group ? 1 : 0);
-  const int shared_index = shared_group ? local_experts : -1;
-  const int64_t pairs = tokens * top_k;
-  if (const cudaError_t error = cudaMemsetAsync(layout.group_counts, 0, groups * sizeof(int32_t), stream);
-      error != cudaSuccess)
-    return error;
-  const unsigned count_blocks = static_cast<unsigned>(std::max<int64_t>(1, (pairs + kThreads - 1) / kThreads));
-  count_kernel<<<count_blocks, kThreads, 0, stream>>>(topk_ids, expert_map, pairs, num_experts, tokens, shared_index,
-                                                      layout);
-  schedule_kernel<<<1, kThreads, (groups + 1) * sizeof(int32_t), stream>>>(groups, tile_rows, max_tiles, layout);
-  place_kernel<<<groups, kThreads, 0, stream>>>(topk_ids, expert_map, pairs, top_k, num_experts, tokens,
-                                                shared_index, layout);
-  return cudaGetLastError();
+  const size_t shared_bytes = (2 * groups + 1) * sizeof(int32_t);
+  return launch_chained(sort_pairs_kernel, dim3(1), dim3(kThreads), shared_bytes, stream, topk_ids, expert_map,
+                        tokens * top_k, top_k, num_experts, tokens, groups, shared_group ? local_experts : -1, tile_rows,
+                        max_tiles, layout);
 }
 
 }  // namespace epmoe::cuda
