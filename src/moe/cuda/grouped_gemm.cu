@@ -13,7 +13,7 @@
 // columns c..c+7, then the 8 up rows of the same columns), so each thread's accumulators
 // hold gate and up of the same output element, and act(gate) * up is written directly as
 // the bf16 intermediate: no extra pass over it.
-// Tensor cores: wgmma (sm_90a) for tiles of 64 and 128 rows; mma.sync for the 16-row decode
+// Tensor cores: wgmma (sm_90a) for tiles of 64 x 128 and 128 x 256; mma.sync for the 16-row decode
 // tile, where the weights stream once and bandwidth, not the instruction, is the bound.
 // Both keep their accumulators in the same fragment order, so one epilogue serves both.
 #include <cuda_bf16.h>
@@ -35,7 +35,7 @@ enum class Instruction { kMmaSync, kWgmma };
 // A tile shape and the tensor-core instruction that computes it. Chosen by
 // choose_tile_rows(); only the three configs below are instantiated.
 //   mma.sync: WarpsM x WarpsN warps, each a (Rows / WarpsM) x (Cols / WarpsN) tile of m16n8k16.
-//   wgmma:    Rows / 64 warpgroups, each m64 x Cols (one m64nCk16 per 16 of K); warp w of the
+//   wgmma:    Rows / 64 warpgroups, each m64 x Cols (one m64nColsk16 per 16 of K); warp w of the
 //             CTA holds rows 16w..16w+15, so the epilogue indexes both alike.
 template <Instruction Kind, int Rows, int Cols, int Stages, int WarpsM, int WarpsN>
 struct Config {
@@ -48,13 +48,13 @@ struct Config {
   // + 1 KiB to align the ring to the 1024-byte period of the 128-byte swizzle (wgmma needs it).
   static constexpr size_t kSharedBytes = size_t{Stages} * kStageElements * sizeof(uint16_t) + 1024;
   static_assert(kWarpRows % 16 == 0 && kWarpCols % 16 == 0, "warp tile must hold whole mma tiles and gate/up pairs");
-  static_assert(Kind != Instruction::kWgmma || (WarpsN == 1 && kWarpRows == 16 && Cols == 128),
-                "wgmma configs: one warp per 16 rows, m64n128 per warpgroup");
+  static_assert(Kind != Instruction::kWgmma || (WarpsN == 1 && kWarpRows == 16 && (Cols == 128 || Cols == 256)),
+                "wgmma configs: one warp per 16 rows, m64n128 or m64n256 per warpgroup");
 };
 
 using DecodeConfig = Config<Instruction::kMmaSync, 16, 128, 4, 1, 4>;
 using MediumConfig = Config<Instruction::kWgmma, 64, 128, 4, 4, 1>;
-using LargeConfig = Config<Instruction::kWgmma, 128, 128, 4, 8, 1>;
+using LargeConfig = Config<Instruction::kWgmma, 128, 256, 4, 8, 1>;
 
 __device__ uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
@@ -121,6 +121,57 @@ __device__ void wgmma_m64n128k16(float (&d)[16][4], uint64_t a_descriptor, uint6
         "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
         "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
       : "l"(a_descriptor), "l"(b_descriptor));
+}
+
+__device__ void wgmma_m64n256k16(float (&d)[32][4], uint64_t a_descriptor, uint64_t b_descriptor) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
+        "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]),
+        "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+        "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]),
+        "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
+        "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]),
+        "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
+        "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]),
+        "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
+        "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]),
+        "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
+        "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),
+        "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
+        "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]),
+        "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
+        "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]),
+        "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+      : "l"(a_descriptor), "l"(b_descriptor));
+}
+
+// One k16 step of the warpgroup's m64 x Cols tile.
+template <int Cols>
+__device__ void wgmma_step(float (&d)[Cols / 8][4], uint64_t a_descriptor, uint64_t b_descriptor) {
+  if constexpr (Cols == 128) {
+    wgmma_m64n128k16(d, a_descriptor, b_descriptor);
+  } else {
+    wgmma_m64n256k16(d, a_descriptor, b_descriptor);
+  }
 }
 
 __device__ float activate(Activation activation, float value) {
@@ -266,7 +317,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kDepth / 16; ++kk)  // +32 bytes along K inside the swizzle atom
-        wgmma_m64n128k16(acc[0], a_descriptor + 2 * kk, b_descriptor + 2 * kk);
+        wgmma_step<Cfg::kCols>(acc[0], a_descriptor + 2 * kk, b_descriptor + 2 * kk);
       wgmma_commit();
       wgmma_wait<1>();
       __syncthreads();
