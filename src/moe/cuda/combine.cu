@@ -73,6 +73,8 @@ cudaError_t launch_combine(const uint16_t* pair_out, const int32_t* slot_of_pair
                            const int32_t* group_offsets, int shared_group, bool unit_weights, int64_t tokens,
                            int top_k, int64_t hidden, uint16_t* y, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
+  static const cudaError_t carveout = prefer_max_shared_memory(reinterpret_cast<const void*>(combine_kernel));
+  if (carveout != cudaSuccess) return carveout;
   return launch_chained(combine_kernel, dim3(static_cast<unsigned>(tokens)), dim3(kThreads), 0, stream, pair_out,
                         slot_of_pair, topk_weights, group_offsets, shared_group, unit_weights, top_k, hidden, y);
 }
@@ -80,6 +82,8 @@ cudaError_t launch_combine(const uint16_t* pair_out, const int32_t* slot_of_pair
 cudaError_t launch_scale_rows(const uint16_t* x, const float* topk_weights, int64_t tokens, int64_t hidden,
                               uint16_t* x_scaled, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
+  static const cudaError_t carveout = prefer_max_shared_memory(reinterpret_cast<const void*>(scale_rows_kernel));
+  if (carveout != cudaSuccess) return carveout;
   return launch_chained(scale_rows_kernel, dim3(static_cast<unsigned>(tokens)), dim3(kThreads), 0, stream, x,
                         topk_weights, hidden, x_scaled);
 }

@@ -52,7 +52,9 @@ struct Config {
                 "wgmma configs: one warp per 16 rows, m64n128 or m64n256 per warpgroup");
 };
 
-using DecodeConfig = Config<Instruction::kMmaSync, 16, 128, 4, 1, 4>;
+// Decode: narrow column tiles (twice the CTAs of 128) and a deep ring (7 stages of 8 KiB of
+// weights in flight per CTA), so even one or two experts keep every SM streaming.
+using DecodeConfig = Config<Instruction::kMmaSync, 16, 64, 8, 1, 4>;
 using MediumConfig = Config<Instruction::kWgmma, 64, 128, 4, 4, 1>;
 using LargeConfig = Config<Instruction::kWgmma, 128, 256, 4, 8, 1>;
 
@@ -359,8 +361,11 @@ template <typename Cfg, bool kGated>
 cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
                           Activation activation, cudaStream_t stream) {
   auto* kernel = grouped_gemm_kernel<Cfg, kGated>;
-  static const cudaError_t attribute_error =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSharedBytes));
+  static const cudaError_t attribute_error = [&] {
+    const cudaError_t error =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSharedBytes));
+    return error != cudaSuccess ? error : prefer_max_shared_memory(reinterpret_cast<const void*>(kernel));
+  }();
   if (attribute_error != cudaSuccess) return attribute_error;
   const int64_t widest = std::max(groups.n, groups.n_shared) / (kGated ? 2 : 1);
   const int64_t cols_per_tile = kGated ? Cfg::kCols / 2 : Cfg::kCols;

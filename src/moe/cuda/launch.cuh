@@ -15,6 +15,13 @@ namespace epmoe::cuda {
 __device__ __forceinline__ void wait_for_predecessor() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void allow_successor() { asm volatile("griddepcontrol.launch_dependents;\n"); }
 
+// Every kernel of the pipeline asks for the same L1/shared split (as much shared memory as
+// possible, what the GEMMs need), so consecutive kernels do not make the SMs reconfigure
+// between them, which would serialise the chained launches. Call once per kernel.
+inline cudaError_t prefer_max_shared_memory(const void* kernel) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+}
+
 template <typename... Params, typename... Args>
 cudaError_t launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
                            Args&&... args) {

@@ -174,6 +174,8 @@ __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_b
 cudaError_t launch_route(const RoutingSpec& spec, const void* logits, bool logits_bf16, const float* correction_bias,
                          int64_t tokens, int32_t* topk_ids, float* topk_weights, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
+  static const cudaError_t carveout = prefer_max_shared_memory(reinterpret_cast<const void*>(route_kernel));
+  if (carveout != cudaSuccess) return carveout;
   const size_t shared_bytes = kWarpsPerBlock * 2 * spec.num_experts * sizeof(float);
   const unsigned blocks = static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
   return launch_chained(route_kernel, dim3(blocks), dim3(kWarpsPerBlock * 32), shared_bytes, stream, spec, logits,
