@@ -19,17 +19,35 @@ struct alignas(16) Bf16x8 {
   __nv_bfloat162 pairs[4];
 };
 
-__device__ void accumulate(float (&acc)[kVector], const uint16_t* row, float weight) {
-  const Bf16x8 values = *reinterpret_cast<const Bf16x8*>(row);
+// acc += weight * (8 values of a pair's output row starting at column h).
+__device__ void accumulate(float (&acc)[kVector], const PairOutputs& out, int64_t slot, int64_t hidden, int64_t h,
+                           float weight) {
+  float values[kVector];
+  if (out.k_splits == 1) {
+    const Bf16x8 row = *reinterpret_cast<const Bf16x8*>(out.rows + slot * hidden + h);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(values.pairs[i]);
-    acc[2 * i] += weight * f.x;
-    acc[2 * i + 1] += weight * f.y;
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(row.pairs[i]);
+      values[2 * i] = f.x;
+      values[2 * i + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) values[i] = 0.0f;
+    for (int split = 0; split < out.k_splits; ++split) {
+      const float4* partial = reinterpret_cast<const float4*>(out.partials + split * out.partial_stride + slot * hidden + h);
+      const float4 first = partial[0], second = partial[1];
+      values[0] += first.x, values[1] += first.y, values[2] += first.z, values[3] += first.w;
+      values[4] += second.x, values[5] += second.y, values[6] += second.z, values[7] += second.w;
+    }
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) values[i] = __bfloat162float(__float2bfloat16_rn(values[i]));
   }
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) acc[i] += weight * values[i];
 }
 
-__global__ void combine_kernel(const uint16_t* pair_out, const int32_t* slot_of_pair, const float* topk_weights,
+__global__ void combine_kernel(PairOutputs pair_out, const int32_t* slot_of_pair, const float* topk_weights,
                                const int32_t* group_offsets, int shared_group, bool unit_weights, int top_k,
                                int64_t hidden, uint16_t* y) {
   allow_successor();
@@ -40,9 +58,9 @@ __global__ void combine_kernel(const uint16_t* pair_out, const int32_t* slot_of_
     for (int j = 0; j < top_k; ++j) {
       const int32_t slot = slot_of_pair[t * top_k + j];
       if (slot < 0) continue;
-      accumulate(acc, pair_out + static_cast<int64_t>(slot) * hidden + h, unit_weights ? 1.0f : topk_weights[t * top_k + j]);
+      accumulate(acc, pair_out, slot, hidden, h, unit_weights ? 1.0f : topk_weights[t * top_k + j]);
     }
-    if (shared_group >= 0) accumulate(acc, pair_out + (group_offsets[shared_group] + t) * hidden + h, 1.0f);
+    if (shared_group >= 0) accumulate(acc, pair_out, group_offsets[shared_group] + t, hidden, h, 1.0f);
     Bf16x8 result;
 #pragma unroll
     for (int i = 0; i < 4; ++i) result.pairs[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
@@ -69,7 +87,7 @@ __global__ void scale_rows_kernel(const uint16_t* x, const float* weights, int64
 
 }  // namespace
 
-cudaError_t launch_combine(const uint16_t* pair_out, const int32_t* slot_of_pair, const float* topk_weights,
+cudaError_t launch_combine(const PairOutputs& pair_out, const int32_t* slot_of_pair, const float* topk_weights,
                            const int32_t* group_offsets, int shared_group, bool unit_weights, int64_t tokens,
                            int top_k, int64_t hidden, uint16_t* y, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;

@@ -266,9 +266,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
   const int warp_col = (warp % Cfg::kWarpsN) * Cfg::kWarpCols;
   float acc[Cfg::kMmaM][Cfg::kMmaN][4] = {};
 
-  const int k_tiles = static_cast<int>((K + kDepth - 1) / kDepth);
+  // Split K (blockIdx.z of gridDim.z): this CTA sums K tiles [first_k_tile, + k_tiles).
+  const int all_k_tiles = static_cast<int>((K + kDepth - 1) / kDepth);
+  const int tiles_per_split = (all_k_tiles + static_cast<int>(gridDim.z) - 1) / static_cast<int>(gridDim.z);
+  const int first_k_tile = static_cast<int>(blockIdx.z) * tiles_per_split;
+  const int k_tiles = max(0, min(all_k_tiles - first_k_tile, tiles_per_split));
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, static_cast<int64_t>(s) * kDepth);
+    if (s < k_tiles) load_stage(s, static_cast<int64_t>(first_k_tile + s) * kDepth);
     asm volatile("cp.async.commit_group;\n");
   }
   if constexpr (Cfg::kInstruction == Instruction::kMmaSync) {
@@ -276,7 +280,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
       asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
       __syncthreads();
       const int next = kt + Cfg::kStages - 1;
-      if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(next) * kDepth);
+      if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(first_k_tile + next) * kDepth);
       asm volatile("cp.async.commit_group;\n");
 
       const uint16_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageElements;
@@ -324,7 +328,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
       wgmma_wait<1>();
       __syncthreads();
       const int next = kt + Cfg::kStages - 1;
-      if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(next) * kDepth);
+      if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(first_k_tile + next) * kDepth);
       asm volatile("cp.async.commit_group;\n");
     }
     wgmma_wait<0>();
@@ -350,7 +354,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
             store_pair(c_row + col, activate(activation, v[0]) * up[0], activate(activation, v[1]) * up[1]);
         } else {
           const int64_t col = first_col + warp_col + ni * 8 + (lane % 4) * 2;
-          if (col < out_cols) store_pair(c_row + col, v[0], v[1]);
+          if (col >= out_cols) continue;
+          if (groups.c_partial) {  // split K: f32 partial sums, added up by the combine
+            float* partial = groups.c_partial + blockIdx.z * groups.partial_stride + slot * groups.c_stride + col;
+            *reinterpret_cast<float2*>(partial) = make_float2(v[0], v[1]);
+          } else {
+            store_pair(c_row + col, v[0], v[1]);
+          }
         }
       }
     }
@@ -369,11 +379,31 @@ cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, in
   if (attribute_error != cudaSuccess) return attribute_error;
   const int64_t widest = std::max(groups.n, groups.n_shared) / (kGated ? 2 : 1);
   const int64_t cols_per_tile = kGated ? Cfg::kCols / 2 : Cfg::kCols;
-  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>((widest + cols_per_tile - 1) / cols_per_tile));
+  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>((widest + cols_per_tile - 1) / cols_per_tile),
+                  static_cast<unsigned>(groups.k_splits));
   return launch_chained(kernel, grid, dim3(Cfg::kThreads), Cfg::kSharedBytes, stream, groups, layout, activation);
 }
 
+int multiprocessor_count() {
+  static const int count = [] {
+    int device = 0, value = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return 132;  // only a tuning input: a failure here shows up at the first launch anyway
+    return value;
+  }();
+  return count;
+}
+
 }  // namespace
+
+int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_t k) {
+  if (tile_rows != DecodeConfig::kRows) return 1;  // larger tiles fill the GPU on their own
+  const int64_t ctas = std::max<int64_t>(1, expected_row_tiles) * ((n + DecodeConfig::kCols - 1) / DecodeConfig::kCols);
+  const int64_t wanted = (2 * multiprocessor_count() + ctas - 1) / ctas;
+  const int64_t most = std::max<int64_t>(1, k / (4 * kDepth));  // keep at least 4 K tiles per split
+  return static_cast<int>(std::clamp<int64_t>(wanted, 1, std::min<int64_t>(most, kMaxKSplits)));
+}
 
 int choose_tile_rows(int64_t slots, int64_t groups) {
   const int64_t rows_per_group = groups > 0 ? slots / groups : slots;

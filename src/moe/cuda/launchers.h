@@ -54,18 +54,35 @@ struct GemmGroups {
   int local_experts;         // groups below this are local experts, the next one is shared
   uint16_t* c;               // [slots, c_stride]
   int64_t c_stride;
+  // Split K (not gated): k_splits CTAs share each tile's K and write f32 partial sums to
+  // c_partial [k_splits, slots, c_stride] (partial_stride apart) instead of c.
+  int k_splits = 1;
+  float* c_partial = nullptr;
+  int64_t partial_stride = 0;
 };
 // gated: B rows are [gate; up] (N = 2 I) and C[slot, i] = act(gate_i) * up_i, i < I.
 cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
                          Activation activation, int tile_rows, cudaStream_t stream);
 // The tile height launch_grouped_gemm works best with for this many slots per group.
 int choose_tile_rows(int64_t slots, int64_t groups);
+// How many ways to split K so that a small grid (decode: few experts, few tiles) still
+// gives every SM two CTAs of weights to stream; 1 unless the decode tile is in use.
+inline constexpr int kMaxKSplits = 8;
+int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_t k);
 
 // combine.cu: y[t] = sum_j w_tj * out[slot(t, j)] (+ out[shared slot of t]), f32, one
-// rounding to bf16. `unit_weights`: the router weight went on the input instead.
-cudaError_t launch_combine(const uint16_t* pair_out, const int32_t* slot_of_pair, const float* topk_weights,
-                    const int32_t* group_offsets, int shared_group, bool unit_weights, int64_t tokens,
-                    int top_k, int64_t hidden, uint16_t* y, cudaStream_t stream);
+// rounding to bf16. `unit_weights`: the router weight went on the input instead. A pair's
+// out row is bf16 pair_out, or, after a split-K GEMM2, the sum of its k_splits f32 partial
+// rows (in split order, then rounded to bf16 as pair_out would have been).
+struct PairOutputs {
+  const uint16_t* rows;   // [slots, H]
+  const float* partials;  // [k_splits, slots, H] when k_splits > 1
+  int k_splits = 1;
+  int64_t partial_stride = 0;
+};
+cudaError_t launch_combine(const PairOutputs& pair_out, const int32_t* slot_of_pair, const float* topk_weights,
+                           const int32_t* group_offsets, int shared_group, bool unit_weights, int64_t tokens,
+                           int top_k, int64_t hidden, uint16_t* y, cudaStream_t stream);
 // x_scaled[t] = bf16(x[t] * w[t]) for the router weight on the input (k = 1).
 cudaError_t launch_scale_rows(const uint16_t* x, const float* topk_weights, int64_t tokens, int64_t hidden,
                        uint16_t* x_scaled, cudaStream_t stream);

@@ -24,17 +24,21 @@ struct WorkspaceLayout {
   uint16_t* x_scaled;     // [T, H] x * router weight (Llama-4)
   uint16_t* intermediate;  // [slots, max(I, I_s)]
   uint16_t* pair_out;     // [slots, H]
+  float* pair_out_partials;  // [k_splits, slots, H] when GEMM2 splits K
   int tile_rows = 0;
   int64_t max_tiles = 0;
+  int64_t slots = 0;
+  int k_splits = 1;
   size_t bytes = 0;
 
   WorkspaceLayout(const MoeShape& s, void* base) {
     const bool shared = s.shared_intermediate > 0;
     const int64_t pairs_count = s.tokens * s.top_k;
     const int64_t groups = s.num_local_experts + (shared ? 1 : 0);
-    const int64_t slots = pairs_count + (shared ? s.tokens : 0);
+    slots = pairs_count + (shared ? s.tokens : 0);
     tile_rows = cuda::choose_tile_rows(slots, groups);
     max_tiles = cuda::max_row_tiles(slots, groups, tile_rows);
+    k_splits = cuda::choose_k_splits(tile_rows, std::min(slots, groups), s.hidden, s.intermediate);
     auto* cursor = static_cast<std::byte*>(base);
     auto take = [&](auto*& pointer, int64_t count) {
       using T = std::remove_reference_t<decltype(*pointer)>;
@@ -53,6 +57,7 @@ struct WorkspaceLayout {
     take(x_scaled, s.tokens * s.hidden);
     take(intermediate, slots * std::max(s.intermediate, s.shared_intermediate));
     take(pair_out, slots * s.hidden);
+    take(pair_out_partials, k_splits > 1 ? k_splits * slots * s.hidden : 0);
   }
 };
 
@@ -154,10 +159,17 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm2.local_experts = static_cast<int>(s.num_local_experts);
   gemm2.c = layout.pair_out;
   gemm2.c_stride = s.hidden;
+  if (layout.k_splits > 1) {
+    gemm2.k_splits = layout.k_splits;
+    gemm2.c_partial = layout.pair_out_partials;
+    gemm2.partial_stride = layout.slots * s.hidden;
+  }
   CUDA_CHECK(cuda::launch_grouped_gemm(gemm2, layout.pairs, layout.max_tiles, /*gated=*/false, spec.activation,
                                        layout.tile_rows, stream));
 
-  CUDA_CHECK(cuda::launch_combine(layout.pair_out, layout.pairs.slot_of_pair, topk_weights, layout.pairs.group_offsets,
+  const cuda::PairOutputs pair_out{layout.pair_out, layout.pair_out_partials, layout.k_splits,
+                                   layout.slots * s.hidden};
+  CUDA_CHECK(cuda::launch_combine(pair_out, layout.pairs.slot_of_pair, topk_weights, layout.pairs.group_offsets,
                                   shared ? static_cast<int>(s.num_local_experts) : -1,
                                   spec.apply_router_weight_on_input, s.tokens, static_cast<int>(s.top_k), s.hidden,
                                   out.data_as<uint16_t>(), stream));
