@@ -1,0 +1,51 @@
+// Communicator: the only door to other ranks. Collectives over `size()` ranks with the
+// semantics of NCCL's (every rank calls the same collectives in the same order with the
+// same counts), summing in rank order where they reduce. Backends: in-process threads on
+// the CPU (make_thread_group) and NCCL on GPUs (make_nccl_communicator). A collective that
+// cannot complete (a rank missing past the timeout, a mismatched call, an abort) returns an
+// error on every rank that takes part, and the communicator stays failed from then on.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "epmoe/status.h"
+#include "epmoe/tensor.h"
+
+namespace epmoe {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Where buffers passed to the collectives live.
+  virtual Device device() const = 0;
+
+  // out [size * count] = every rank's in [count], in rank order.
+  virtual Status all_gather(const void* in, void* out, size_t count, DType dtype) = 0;
+  // out = every rank's in [counts[r]], in rank order; counts is the same on every rank.
+  virtual Status all_gather_v(const void* in, void* out, std::span<const size_t> counts, DType dtype) = 0;
+  // out [count] = sum over ranks of block `rank()` of their in [size * count].
+  virtual Status reduce_scatter(const void* in, void* out, size_t count, DType dtype) = 0;
+  // out [count] = sum over ranks of in [count]; in may equal out.
+  virtual Status all_reduce(const void* in, void* out, size_t count, DType dtype) = 0;
+  // Sends send_counts[r] elements to rank r (in is those blocks in rank order) and receives
+  // recv_counts[r] from rank r into out (in rank order).
+  virtual Status all_to_all_v(const void* in, std::span<const size_t> send_counts, void* out,
+                              std::span<const size_t> recv_counts, DType dtype) = 0;
+  virtual Status barrier() = 0;
+  // Fails every pending and later collective on every rank with `reason`.
+  virtual void abort(const std::string& reason) = 0;
+};
+
+// R communicators joined in one process, one per thread (rank r uses element r). Buffers are
+// host memory; sums are f32 (bf16 and f32 data; i32 data can be gathered and exchanged).
+// A rank that waits longer than `timeout` for the others fails the group.
+std::vector<std::unique_ptr<Communicator>> make_thread_group(int size, std::chrono::milliseconds timeout);
+
+}  // namespace epmoe

@@ -1,0 +1,69 @@
+// EpMoe: one MoE layer whose experts live on the ranks of a Communicator, giving on every
+// rank the output a single rank holding all experts would give. Three strategies
+// (DESIGN.md, Expert parallelism):
+//   replicate_all_reduce:        every rank holds all T tokens; each computes its experts
+//                                and an all-reduce sums the partial outputs;
+//   all_gather_reduce_scatter:   each rank holds its own tokens; an all-gather gives every
+//                                rank every token (padded to the largest rank's count), each
+//                                computes its experts, a reduce-scatter returns the sums;
+//   all_to_all:                  each token travels only to the ranks that own one of its
+//                                experts (once per rank), comes back as that rank's weighted
+//                                partial sum, and is summed in rank order at home.
+// Shared experts are replicated: rank 0 computes them in the first two strategies, every
+// rank for its own tokens in the third. The layer runs the CPU operator on a CPU
+// communicator.
+#pragma once
+
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "epmoe/communicator.h"
+#include "epmoe/expert_map.h"
+#include "epmoe/moe_spec.h"
+
+namespace epmoe {
+
+enum class EpStrategy { kReplicateAllReduce, kAllGatherReduceScatter, kAllToAll };
+std::string_view ep_strategy_name(EpStrategy strategy);  // "replicate_all_reduce", ...
+Result<EpStrategy> parse_ep_strategy(std::string_view name);
+
+// What one forward moved, so imbalance is visible.
+struct EpStats {
+  int64_t bytes_sent = 0, bytes_received = 0;
+  std::vector<int64_t> rows_sent;      // [R] token rows sent to each rank
+  std::vector<int64_t> rows_received;  // [R] token rows received from each rank
+  std::vector<int64_t> pairs_per_local_expert;  // [E_local] pairs this rank computed
+};
+
+// One rank's part of the layer.
+struct EpLayer {
+  MoeSpec spec;
+  ExpertMap experts;       // the global experts this rank owns, in local order
+  MoeWeights weights;      // w13 / w2: those experts; shared experts replicated on every rank
+  std::optional<Tensor> correction_bias;  // [E] router bias (grouped_topk), the same on every rank
+};
+
+class EpMoe {
+ public:
+  // Collective: every rank calls it. Checks that all ranks agree on the spec, the sizes
+  // and the strategy, and that the ranks' experts partition the E experts; a violation is
+  // the same error on every rank.
+  static Result<EpMoe> create(Communicator& comm, EpLayer layer, EpStrategy strategy);
+
+  // Collective. x [T_r, H] and router_logits [T_r, E] are this rank's tokens (for
+  // replicate_all_reduce: the same T tokens on every rank); out [T_r, H] gets their output.
+  Status forward(const Tensor& x, const Tensor& router_logits, const Tensor& out, EpStats* stats = nullptr);
+
+ private:
+  EpMoe(Communicator& comm, EpLayer layer, EpStrategy strategy) : comm_(&comm), layer_(std::move(layer)), strategy_(strategy) {}
+  Status replicate_all_reduce(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
+  Status all_gather_reduce_scatter(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
+  Status all_to_all(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
+
+  Communicator* comm_;
+  EpLayer layer_;
+  EpStrategy strategy_;
+};
+
+}  // namespace epmoe

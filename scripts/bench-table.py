@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""Formats the JSON of scripts/bench-gpu (a list of `epmoe bench --json` documents) as
+Markdown tables for docs/BENCHMARKS.md: one row per preset and ep, one column per T, each
+cell "time us / ratio".
+
+    python3 scripts/bench-table.py bench.json
+"""
+import json
+import sys
+
+
+def main():
+    runs = json.load(open(sys.argv[1]))
+    tokens = sorted({r["tokens"] for run in runs for r in run["results"]})
+    print("| preset | ep | " + " | ".join(f"T={t}" for t in tokens) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in tokens) + " |")
+    for run in runs:
+        cells = {r["tokens"]: r for r in run["results"]}
+        row = []
+        for t in tokens:
+            r = cells.get(t)
+            row.append(f"{r['seconds'] * 1e6:.0f} / {r['ratio']:.2f}" if r else "")
+        print(f"| {run['model']} | {run['ep']} | " + " | ".join(row) + " |")
+    ceilings = [run["ceilings"] for run in runs]
+    copy = [c["bytes_per_second"] / 1e12 for c in ceilings]
+    gemm = [c["flops_per_second"] / 1e12 for c in ceilings]
+    print(f"\nCeilings measured per run: copy {min(copy):.2f}-{max(copy):.2f} TB/s, "
+          f"bf16 GEMM {min(gemm):.0f}-{max(gemm):.0f} TFLOP/s ({runs[0]['device']}).")
+
+
+if __name__ == "__main__":
+    main()
