@@ -89,7 +89,7 @@ Result<EpMoe> EpMoe::create(Communicator& comm, EpLayer layer, EpStrategy strate
     local = bad_argument("experts", "a map over " + std::to_string(E) + " experts",
                          std::to_string(layer.experts.num_experts()));
   if (local.ok() && (layer.weights.w13.rank != 3 || layer.weights.w13.size(0) != layer.experts.num_local()))
-    local = bad_argument("weights.w13", "[" + std::to_string(layer.experts.num_local()) + ", 2I, H] for the rank's experts",
+    local = bad_argument("weights.w13", std::to_string(layer.experts.num_local()) + " experts (the rank's) in [E_local, 2I, H]",
                          layer.weights.w13.describe());
   const int64_t H = layer.weights.w13.rank == 3 ? layer.weights.w13.size(2) : 0;
   const int64_t I = layer.weights.w13.rank == 3 ? layer.weights.w13.size(1) / 2 : 0;
