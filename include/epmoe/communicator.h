@@ -49,3 +49,27 @@ class Communicator {
 std::vector<std::unique_ptr<Communicator>> make_thread_group(int size, std::chrono::milliseconds timeout);
 
 }  // namespace epmoe
+
+struct CUstream_st;
+
+namespace epmoe {
+
+// NCCL: one rank per GPU (one process per rank, or one thread per GPU). The ranks find each
+// other through a bootstrap that rank 0 publishes: "file:/shared/path" (rank 0 writes the
+// NCCL unique id there, the others wait for it) or "tcp:host:port" (rank 0 listens, the
+// others connect). Collectives run on `stream` on device buffers; each waits for its own
+// completion, polling NCCL's asynchronous error, and aborts the communicator with a clear
+// error after `timeout` instead of hanging on a missing peer.
+struct NcclOptions {
+  int rank = 0, size = 1;
+  std::string bootstrap;  // "file:PATH" or "tcp:HOST:PORT"
+  std::chrono::milliseconds timeout{60000};
+  int device = 0;                 // CUDA device of this rank
+  CUstream_st* stream = nullptr;  // cudaStream_t; null: the default stream
+};
+
+// Whether this build has the NCCL backend (make_nccl_communicator fails clearly if not).
+bool nccl_available();
+Result<std::unique_ptr<Communicator>> make_nccl_communicator(const NcclOptions& options);
+
+}  // namespace epmoe
