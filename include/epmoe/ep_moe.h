@@ -10,10 +10,13 @@
 //                                experts (once per rank), comes back as that rank's weighted
 //                                partial sum, and is summed in rank order at home.
 // Shared experts are replicated: rank 0 computes them in the first two strategies, every
-// rank for its own tokens in the third. The layer runs the CPU operator on a CPU
-// communicator.
+// rank for its own tokens in the third. With a CPU communicator the layer runs the CPU
+// operator; with a GPU one (NCCL) it runs moe_forward_cuda on device weights, while routing,
+// counts and packing run on the host and the collectives are staged through host memory:
+// correct on any number of GPUs, with a host synchronisation per collective for now.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -42,6 +45,7 @@ struct EpLayer {
   ExpertMap experts;       // the global experts this rank owns, in local order
   MoeWeights weights;      // w13 / w2: those experts; shared experts replicated on every rank
   std::optional<Tensor> correction_bias;  // [E] router bias (grouped_topk), the same on every rank
+  std::shared_ptr<const void> host_storage;  // keeps a host copy of a device bias alive
 };
 
 class EpMoe {
@@ -56,12 +60,15 @@ class EpMoe {
   Status forward(const Tensor& x, const Tensor& router_logits, const Tensor& out, EpStats* stats = nullptr);
 
  private:
-  EpMoe(Communicator& comm, EpLayer layer, EpStrategy strategy) : comm_(&comm), layer_(std::move(layer)), strategy_(strategy) {}
+  EpMoe(Communicator& comm, std::shared_ptr<Communicator> staged, EpLayer layer, EpStrategy strategy)
+      : comm_(&comm), staged_(std::move(staged)), layer_(std::move(layer)), strategy_(strategy) {}
+  Status run_strategy(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
   Status replicate_all_reduce(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
   Status all_gather_reduce_scatter(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
   Status all_to_all(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
 
-  Communicator* comm_;
+  Communicator* comm_;  // host-memory collectives: the CPU communicator, or staged_
+  std::shared_ptr<Communicator> staged_;  // host view of a GPU communicator
   EpLayer layer_;
   EpStrategy strategy_;
 };

@@ -6,7 +6,14 @@
 #include <string>
 
 #include "epmoe/moe_case.h"
+#include "comm/staged_communicator.h"
+#ifdef EPMOE_WITH_CUDA
+#include "epmoe/device_case.h"
+#endif
 #include "epmoe/moe_cpu.h"
+#ifdef EPMOE_WITH_CUDA
+#include "ep/device_compute.h"
+#endif
 
 namespace epmoe {
 
@@ -57,8 +64,18 @@ Result<Buffer> compute_local(const EpLayer& layer, const Tensor& x, Routing& rou
     weights.shared_w2_scale.reset();
   }
   Buffer out(x.dtype, {rows, x.size(1)});
-  const Status status = moe_forward_cpu(layer.spec, weights, inputs, out.view());
-  if (!status.ok()) return status;
+  if (weights.w13.device == Device::kCuda) {
+#ifdef EPMOE_WITH_CUDA
+    Result<Buffer> computed = moe_on_device(layer.spec, weights, layer.experts, x, routing.ids, routing.weights);
+    if (!computed.ok()) return computed.status();
+    out = std::move(computed).value();
+#else
+    return Status::unsupported("EpMoe: device weights in a build without CUDA");
+#endif
+  } else {
+    const Status status = moe_forward_cpu(layer.spec, weights, inputs, out.view());
+    if (!status.ok()) return status;
+  }
   for (int32_t id : routing.ids)
     if (id >= 0 && id < layer.experts.num_experts() && layer.experts.local_index(id) >= 0)
       ++pairs_per_local_expert[layer.experts.local_index(id)];
@@ -81,7 +98,23 @@ Result<EpStrategy> parse_ep_strategy(std::string_view name) {
   return bad_argument("strategy", "replicate_all_reduce, all_gather_reduce_scatter or all_to_all", in_quotes(name));
 }
 
-Result<EpMoe> EpMoe::create(Communicator& comm, EpLayer layer, EpStrategy strategy) {
+Result<EpMoe> EpMoe::create(Communicator& device_comm, EpLayer layer, EpStrategy strategy) {
+  // The control plane works on host data; a GPU communicator is reached through a host view.
+  std::shared_ptr<Communicator> staged;
+  if (device_comm.device() == Device::kCuda) {
+    Result<std::unique_ptr<Communicator>> view = make_host_view(device_comm);
+    if (!view.ok()) return view.status();
+    staged = std::move(view).value();
+  }
+  Communicator& comm = staged ? *staged : device_comm;
+  if (layer.correction_bias && layer.correction_bias->device == Device::kCuda) {
+#ifdef EPMOE_WITH_CUDA
+    auto host_bias = std::make_shared<Buffer>(DType::kF32, std::initializer_list<int64_t>{layer.correction_bias->numel()});
+    EPMOE_RETURN_IF_ERROR(copy_to_host(layer.correction_bias->data, host_bias->view()));
+    layer.correction_bias = host_bias->view();
+    layer.host_storage = host_bias;
+#endif
+  }
   const int R = comm.size(), E = layer.spec.routing.num_experts;
   // What every rank must agree on, and whether this rank's own layer is well formed.
   Status local = validate_spec(layer.spec);
@@ -132,7 +165,7 @@ Result<EpMoe> EpMoe::create(Communicator& comm, EpLayer layer, EpStrategy strate
       return bad_argument("expert placement", "every expert on exactly one rank",
                           "expert " + std::to_string(e) + (count ? " on ranks " + ranks : " on no rank"));
   }
-  return EpMoe(comm, std::move(layer), strategy);
+  return EpMoe(comm, std::move(staged), std::move(layer), strategy);
 }
 
 Status EpMoe::forward(const Tensor& x, const Tensor& router_logits, const Tensor& out, EpStats* stats) {
@@ -147,6 +180,23 @@ Status EpMoe::forward(const Tensor& x, const Tensor& router_logits, const Tensor
       !out.has_shape({x.size(0), x.size(1)}) || out.dtype != x.dtype)
     return bad_argument("EpMoe::forward", "x [T, H], router_logits [T, E] and out [T, H] of x's dtype",
                         x.describe() + ", " + router_logits.describe() + ", " + out.describe());
+  if (x.device == Device::kCuda) {
+#ifdef EPMOE_WITH_CUDA
+    // Routing and packing run on the host (copies of x and the logits); experts on the GPU.
+    Buffer host_x(x.dtype, {x.size(0), x.size(1)}), host_logits(router_logits.dtype, {x.size(0), router_logits.size(1)});
+    Buffer host_out(out.dtype, {out.size(0), out.size(1)});
+    EPMOE_RETURN_IF_ERROR(copy_to_host(x.data, host_x.view()));
+    EPMOE_RETURN_IF_ERROR(copy_to_host(router_logits.data, host_logits.view()));
+    EPMOE_RETURN_IF_ERROR(run_strategy(host_x.view(), host_logits.view(), host_out.view(), s));
+    return copy_to_device(host_out.view(), out.data);
+#else
+    return Status::unsupported("EpMoe: device tensors in a build without CUDA");
+#endif
+  }
+  return run_strategy(x, router_logits, out, s);
+}
+
+Status EpMoe::run_strategy(const Tensor& x, const Tensor& router_logits, const Tensor& out, EpStats& s) {
   switch (strategy_) {
     case EpStrategy::kReplicateAllReduce: return replicate_all_reduce(x, router_logits, out, s);
     case EpStrategy::kAllGatherReduceScatter: return all_gather_reduce_scatter(x, router_logits, out, s);
