@@ -45,37 +45,6 @@ MoeCase whole_layer(QuantScheme scheme, uint64_t seed, int64_t tokens) {
   return make_random_case(options).value();
 }
 
-// Rank r's part: its experts' rows of w13 / w2 (and scales), shared experts replicated.
-struct RankLayer {
-  EpLayer layer;
-  std::vector<std::shared_ptr<Buffer>> storage;
-};
-
-Tensor rows_of(const Tensor& whole, std::span<const int32_t> experts, RankLayer& owner) {
-  std::vector<int64_t> shape(whole.shape.begin(), whole.shape.begin() + whole.rank);
-  shape[0] = static_cast<int64_t>(experts.size());
-  auto buffer = std::make_shared<Buffer>(whole.dtype, shape);
-  const size_t per_expert = whole.nbytes() / static_cast<size_t>(whole.size(0));
-  for (size_t i = 0; i < experts.size(); ++i)
-    std::memcpy(buffer->data_as<std::byte>() + i * per_expert, static_cast<const std::byte*>(whole.data) + experts[i] * per_expert,
-                per_expert);
-  owner.storage.push_back(buffer);
-  return buffer->view();
-}
-
-RankLayer slice(const MoeCase& whole, const ExpertMap& experts) {
-  RankLayer rank;
-  rank.layer.spec = whole.spec;
-  rank.layer.experts = experts;
-  rank.layer.weights = whole.weights;
-  rank.layer.weights.w13 = rows_of(whole.weights.w13, experts.global_ids(), rank);
-  rank.layer.weights.w2 = rows_of(whole.weights.w2, experts.global_ids(), rank);
-  if (whole.weights.w13_scale) rank.layer.weights.w13_scale = rows_of(*whole.weights.w13_scale, experts.global_ids(), rank);
-  if (whole.weights.w2_scale) rank.layer.weights.w2_scale = rows_of(*whole.weights.w2_scale, experts.global_ids(), rank);
-  rank.layer.correction_bias = whole.inputs.correction_bias;
-  return rank;
-}
-
 ExpertMap placement(const std::string& kind, int E, int R, int r, uint64_t seed) {
   if (kind == "linear") return ExpertMap::build(Placement::kLinear, E, R, r).value();
   if (kind == "round_robin") return ExpertMap::build(Placement::kRoundRobin, E, R, r).value();
@@ -123,13 +92,13 @@ TEST_P(EpMoeMatchesSingleRank, OnEveryRank) {
   const std::vector<float> expected = single_rank_output(whole);
 
   auto comms = make_thread_group(R, 5000ms);
-  std::vector<RankLayer> layers;
-  for (int r = 0; r < R; ++r) layers.push_back(slice(whole, maps[r]));
+  std::vector<EpLayer> layers;
+  for (int r = 0; r < R; ++r) layers.push_back(slice_layer(whole, maps[r]));
   std::vector<std::vector<float>> outputs(R);
   std::vector<EpStats> stats(R);
   std::vector<Status> statuses(R);
   on_ranks(R, [&](int r) {
-    Result<EpMoe> layer = EpMoe::create(*comms[r], layers[r].layer, c.strategy);
+    Result<EpMoe> layer = EpMoe::create(*comms[r], layers[r], c.strategy);
     if (!layer.ok()) {
       statuses[r] = layer.status();
       return;
@@ -193,11 +162,11 @@ TEST(EpMoe, FpBlockWeightsAcrossRanks) {
   MoeCase whole = whole_layer(QuantScheme::kFp8Block, seed, 9);
   const std::vector<float> expected = single_rank_output(whole);
   auto comms = make_thread_group(4, 5000ms);
-  std::vector<RankLayer> layers;
-  for (int r = 0; r < 4; ++r) layers.push_back(slice(whole, placement("round_robin", 16, 4, r, seed)));
+  std::vector<EpLayer> layers;
+  for (int r = 0; r < 4; ++r) layers.push_back(slice_layer(whole, placement("round_robin", 16, 4, r, seed)));
   std::vector<std::vector<float>> outputs(4, std::vector<float>(9 * 64, NAN));
   on_ranks(4, [&](int r) {
-    Result<EpMoe> layer = EpMoe::create(*comms[r], layers[r].layer, EpStrategy::kAllToAll);
+    Result<EpMoe> layer = EpMoe::create(*comms[r], layers[r], EpStrategy::kAllToAll);
     ASSERT_TRUE(layer.ok()) << layer.status().message();
     ASSERT_TRUE(layer->forward(whole.inputs.x, *whole.inputs.router_logits,
                                Tensor::contiguous(outputs[r].data(), DType::kF32, {9, 64}))
@@ -212,11 +181,11 @@ TEST(EpMoe, FpBlockWeightsAcrossRanks) {
 TEST(EpMoe, DifferentSpecOnOneRankIsAnErrorOnEveryRank) {
   MoeCase whole = whole_layer(QuantScheme::kBf16, 5, 4);
   auto comms = make_thread_group(3, 2000ms);
-  std::vector<RankLayer> layers;
-  for (int r = 0; r < 3; ++r) layers.push_back(slice(whole, placement("linear", 16, 3, r, 0)));
-  layers[2].layer.spec.routing.routed_scaling_factor = 1.0f;
+  std::vector<EpLayer> layers;
+  for (int r = 0; r < 3; ++r) layers.push_back(slice_layer(whole, placement("linear", 16, 3, r, 0)));
+  layers[2].spec.routing.routed_scaling_factor = 1.0f;
   std::vector<Status> statuses(3);
-  on_ranks(3, [&](int r) { statuses[r] = EpMoe::create(*comms[r], layers[r].layer, EpStrategy::kAllToAll).status(); });
+  on_ranks(3, [&](int r) { statuses[r] = EpMoe::create(*comms[r], layers[r], EpStrategy::kAllToAll).status(); });
   for (const Status& status : statuses) {
     EXPECT_FALSE(status.ok());
     EXPECT_NE(status.message().find("EpMoe on rank 2: expected the spec, sizes and strategy of rank 0"), std::string::npos)
@@ -231,10 +200,10 @@ TEST(EpMoe, ExpertsNotPartitionedIsAnErrorOnEveryRank) {
   // Rank 1 claims expert 3 too (rank 0 owns 0..7); expert 15 is nobody's.
   const std::vector<int32_t> mine0 = {0, 1, 2, 3, 4, 5, 6, 7};
   const std::vector<int32_t> mine1 = {3, 8, 9, 10, 11, 12, 13, 14};
-  std::vector<RankLayer> layers = {slice(whole, ExpertMap::from_list(16, mine0).value()),
-                                   slice(whole, ExpertMap::from_list(16, mine1).value())};
+  std::vector<EpLayer> layers = {slice_layer(whole, ExpertMap::from_list(16, mine0).value()),
+                                  slice_layer(whole, ExpertMap::from_list(16, mine1).value())};
   std::vector<Status> statuses(2);
-  on_ranks(2, [&](int r) { statuses[r] = EpMoe::create(*comms[r], layers[r].layer, EpStrategy::kReplicateAllReduce).status(); });
+  on_ranks(2, [&](int r) { statuses[r] = EpMoe::create(*comms[r], layers[r], EpStrategy::kReplicateAllReduce).status(); });
   for (const Status& status : statuses)
     EXPECT_EQ(status.message(), "expert placement: expected every expert on exactly one rank, got expert 3 on ranks 0, 1");
 }
@@ -242,12 +211,12 @@ TEST(EpMoe, ExpertsNotPartitionedIsAnErrorOnEveryRank) {
 TEST(EpMoe, ARankFailingMidLayerFailsTheOthersWithinTheTimeout) {
   MoeCase whole = whole_layer(QuantScheme::kBf16, 7, 6);
   auto comms = make_thread_group(3, 300ms);
-  std::vector<RankLayer> layers;
-  for (int r = 0; r < 3; ++r) layers.push_back(slice(whole, placement("linear", 16, 3, r, 0)));
+  std::vector<EpLayer> layers;
+  for (int r = 0; r < 3; ++r) layers.push_back(slice_layer(whole, placement("linear", 16, 3, r, 0)));
   std::vector<Status> statuses(3);
   const auto start = std::chrono::steady_clock::now();
   on_ranks(3, [&](int r) {
-    Result<EpMoe> layer = EpMoe::create(*comms[r], layers[r].layer, EpStrategy::kAllGatherReduceScatter);
+    Result<EpMoe> layer = EpMoe::create(*comms[r], layers[r], EpStrategy::kAllGatherReduceScatter);
     ASSERT_TRUE(layer.ok());
     if (r == 1) return;  // dies before the forward: never joins its collectives
     std::vector<float> out(6 * 64);

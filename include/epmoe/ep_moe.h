@@ -23,6 +23,7 @@
 
 #include "epmoe/communicator.h"
 #include "epmoe/expert_map.h"
+#include "epmoe/moe_case.h"
 #include "epmoe/moe_spec.h"
 
 namespace epmoe {
@@ -45,8 +46,13 @@ struct EpLayer {
   ExpertMap experts;       // the global experts this rank owns, in local order
   MoeWeights weights;      // w13 / w2: those experts; shared experts replicated on every rank
   std::optional<Tensor> correction_bias;  // [E] router bias (grouped_topk), the same on every rank
-  std::shared_ptr<const void> host_storage;  // keeps a host copy of a device bias alive
+  std::vector<std::shared_ptr<const void>> storage;  // memory the layer's tensors live in, if it owns any
 };
+
+// A rank's part of a whole layer held on one host (all E experts, expert map absent): copies
+// of its experts' w13 / w2 rows (and scales), the shared experts and the router bias shared
+// with `whole`, which must outlive the result.
+EpLayer slice_layer(const MoeCase& whole, const ExpertMap& experts);
 
 class EpMoe {
  public:

@@ -86,6 +86,30 @@ size_t row_bytes(const Tensor& x) { return static_cast<size_t>(x.size(1)) * dtyp
 
 }  // namespace
 
+EpLayer slice_layer(const MoeCase& whole, const ExpertMap& experts) {
+  EpLayer layer;
+  layer.spec = whole.spec;
+  layer.experts = experts;
+  layer.weights = whole.weights;
+  layer.correction_bias = whole.inputs.correction_bias;
+  auto rows_of = [&](const Tensor& all) {
+    std::vector<int64_t> shape(all.shape.begin(), all.shape.begin() + all.rank);
+    shape[0] = experts.num_local();
+    auto buffer = std::make_shared<Buffer>(all.dtype, shape);
+    const size_t per_expert = all.nbytes() / static_cast<size_t>(all.size(0));
+    for (int i = 0; i < experts.num_local(); ++i)
+      std::memcpy(buffer->data_as<std::byte>() + i * per_expert,
+                  static_cast<const std::byte*>(all.data) + experts.global_ids()[i] * per_expert, per_expert);
+    layer.storage.push_back(buffer);
+    return buffer->view();
+  };
+  layer.weights.w13 = rows_of(whole.weights.w13);
+  layer.weights.w2 = rows_of(whole.weights.w2);
+  if (whole.weights.w13_scale) layer.weights.w13_scale = rows_of(*whole.weights.w13_scale);
+  if (whole.weights.w2_scale) layer.weights.w2_scale = rows_of(*whole.weights.w2_scale);
+  return layer;
+}
+
 std::string_view ep_strategy_name(EpStrategy strategy) {
   for (const auto& [value, name] : kStrategyNames)
     if (value == strategy) return name;
@@ -112,7 +136,7 @@ Result<EpMoe> EpMoe::create(Communicator& device_comm, EpLayer layer, EpStrategy
     auto host_bias = std::make_shared<Buffer>(DType::kF32, std::initializer_list<int64_t>{layer.correction_bias->numel()});
     EPMOE_RETURN_IF_ERROR(copy_to_host(layer.correction_bias->data, host_bias->view()));
     layer.correction_bias = host_bias->view();
-    layer.host_storage = host_bias;
+    layer.storage.push_back(host_bias);
 #endif
   }
   const int R = comm.size(), E = layer.spec.routing.num_experts;

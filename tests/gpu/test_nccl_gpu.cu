@@ -110,7 +110,7 @@ TEST(NcclBackend, EpMoeEveryStrategyOnOneGpuMatchesTheCpuOperator) {
   ASSERT_TRUE(comm.ok()) << comm.status().message();
   for (EpStrategy strategy : {EpStrategy::kReplicateAllReduce, EpStrategy::kAllGatherReduceScatter, EpStrategy::kAllToAll}) {
     EpLayer layer{host.spec, ExpertMap::build(Placement::kLinear, 256, 1, 0).value(), device.weights,
-                  device.inputs.correction_bias, nullptr};
+                  device.inputs.correction_bias, {}};
     Result<EpMoe> moe = EpMoe::create(*comm.value(), layer, strategy);
     ASSERT_TRUE(moe.ok()) << moe.status().message();
     DeviceBuffer out = DeviceBuffer::allocate(37 * 256 * 2).value();
