@@ -34,4 +34,10 @@ struct DeviceCase {
 // Copies every tensor of `host` to the device (same shapes and dtypes).
 Result<DeviceCase> upload(const MoeCase& host);
 
+// Replaces `tensor` by a device copy that `storage` owns.
+Status move_to_device(Tensor& tensor, std::vector<DeviceBuffer>& storage);
+
+// Replaces every tensor of `weights` by a device copy that `storage` owns.
+Status upload_weights(MoeWeights& weights, std::vector<DeviceBuffer>& storage);
+
 }  // namespace epmoe

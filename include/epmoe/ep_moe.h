@@ -37,7 +37,9 @@ struct EpStats {
   int64_t bytes_sent = 0, bytes_received = 0;
   std::vector<int64_t> rows_sent;      // [R] token rows sent to each rank
   std::vector<int64_t> rows_received;  // [R] token rows received from each rank
-  std::vector<int64_t> pairs_per_local_expert;  // [E_local] pairs this rank computed
+  // [E_local] pairs this rank computed (all_gather_reduce_scatter: with the zero-weight
+  // rows that pad every rank to the largest rank's count, which it computes too)
+  std::vector<int64_t> pairs_per_local_expert;
 };
 
 // One rank's part of the layer.

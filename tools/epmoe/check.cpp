@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "check_ep.h"
 #include "commands.h"
 #include "epmoe/moe_cpu.h"
 #include "epmoe/naive_moe.h"
@@ -115,6 +116,9 @@ int run_check(const std::vector<std::string>& arguments) {
             "'rel_error=<x> tolerance=<y> PASS' (exit 0) or '... FAIL' (exit 1).");
   declare_problem_options(args, "8");
   args.option("data", "FILE", "a case in the oracle format instead of --model");
+  args.option("strategy", "S", "run the layer split over --ep ranks by EpMoe: replicate_all_reduce, "
+              "all_gather_reduce_scatter or all_to_all (default: each rank's share in turn, summed)");
+  args.option("backend", "B", "with --strategy: threads (ranks in this process) or nccl (one GPU a rank)", "threads");
   if (Status status = args.parse(arguments); !status.ok()) return usage_error("check", status.message());
   if (args.help_requested()) {
     std::fputs(args.help().c_str(), stdout);
@@ -130,6 +134,12 @@ int run_check(const std::vector<std::string>& arguments) {
   if (!problem.ok()) return usage_error("check", problem.status().message());
   Result<int64_t> tokens = args.integer("tokens", 1, 1 << 20);
   if (!tokens.ok()) return usage_error("check", tokens.status().message());
+  if (args.given("strategy")) {
+    Result<EpStrategy> strategy = parse_ep_strategy(args.text("strategy"));
+    if (!strategy.ok()) return usage_error("check", "option --" + strategy.status().message());
+    return check_ep_layer(problem.value(), tokens.value(), strategy.value(), args.text("backend"));
+  }
+  if (args.given("backend")) return usage_error("check", "--backend goes with --strategy");
   return check_model(problem.value(), tokens.value());
 }
 

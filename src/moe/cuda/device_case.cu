@@ -29,30 +29,44 @@ Status copy_to_host(const void* device, const Tensor& host) {
   return {};
 }
 
+Status move_to_device(Tensor& tensor, std::vector<DeviceBuffer>& storage) {
+  Result<DeviceBuffer> buffer = DeviceBuffer::allocate(tensor.nbytes());
+  if (!buffer.ok()) return buffer.status();
+  EPMOE_RETURN_IF_ERROR(copy_to_device(tensor, buffer->data()));
+  tensor.data = buffer->data();
+  tensor.device = Device::kCuda;
+  storage.push_back(std::move(buffer).value());
+  return {};
+}
+
+namespace {
+
+Status move_optional(std::initializer_list<std::optional<Tensor>*> tensors, std::vector<DeviceBuffer>& storage) {
+  for (std::optional<Tensor>* tensor : tensors)
+    if (*tensor) EPMOE_RETURN_IF_ERROR(move_to_device(**tensor, storage));
+  return {};
+}
+
+}  // namespace
+
+Status upload_weights(MoeWeights& weights, std::vector<DeviceBuffer>& storage) {
+  EPMOE_RETURN_IF_ERROR(move_to_device(weights.w13, storage));
+  EPMOE_RETURN_IF_ERROR(move_to_device(weights.w2, storage));
+  return move_optional({&weights.w13_scale, &weights.w2_scale, &weights.input_scale, &weights.intermediate_scale,
+                        &weights.shared_w13, &weights.shared_w2, &weights.shared_w13_scale, &weights.shared_w2_scale},
+                       storage);
+}
+
 Result<DeviceCase> upload(const MoeCase& host) {
   DeviceCase device;
   device.spec = host.spec;
   device.weights = host.weights;
   device.inputs = host.inputs;
-  auto move = [&](Tensor& tensor) -> Status {
-    Result<DeviceBuffer> buffer = DeviceBuffer::allocate(tensor.nbytes());
-    if (!buffer.ok()) return buffer.status();
-    EPMOE_RETURN_IF_ERROR(copy_to_device(tensor, buffer->data()));
-    tensor.data = buffer->data();
-    tensor.device = Device::kCuda;
-    device.storage.push_back(std::move(buffer).value());
-    return {};
-  };
-  MoeWeights& w = device.weights;
   MoeInputs& in = device.inputs;
-  EPMOE_RETURN_IF_ERROR(move(in.x));
-  EPMOE_RETURN_IF_ERROR(move(w.w13));
-  EPMOE_RETURN_IF_ERROR(move(w.w2));
-  for (std::optional<Tensor>* tensor :
-       {&in.router_logits, &in.correction_bias, &in.topk_ids, &in.topk_weights, &in.expert_map, &w.w13_scale,
-        &w.w2_scale, &w.input_scale, &w.intermediate_scale, &w.shared_w13, &w.shared_w2, &w.shared_w13_scale,
-        &w.shared_w2_scale})
-    if (*tensor) EPMOE_RETURN_IF_ERROR(move(**tensor));
+  EPMOE_RETURN_IF_ERROR(move_to_device(in.x, device.storage));
+  EPMOE_RETURN_IF_ERROR(upload_weights(device.weights, device.storage));
+  EPMOE_RETURN_IF_ERROR(
+      move_optional({&in.router_logits, &in.correction_bias, &in.topk_ids, &in.topk_weights, &in.expert_map}, device.storage));
   return device;
 }
 
