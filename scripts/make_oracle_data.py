@@ -37,34 +37,30 @@ def spec(kind, experts, k, renormalize, **extra):
     }
 
 
-def mixtral(seed):
-    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
-    cfg = transformers.MixtralConfig(hidden_size=64, intermediate_size=96, num_local_experts=8,
-                                     num_experts_per_tok=2)
-    block = MixtralSparseMoeBlock(cfg).eval()
+def softmax_routed(block, seed, experts, k):
+    """A block with a linear router `block.gate` and 3-D experts (Mixtral, Qwen3-MoE)."""
     init_(block, seed)
-    x = torch.randn(1, TOKENS, 64, generator=torch.Generator().manual_seed(seed + 1))
+    x = torch.randn(1, TOKENS, block.gate.weight.shape[1], generator=torch.Generator().manual_seed(seed + 1))
     with torch.no_grad():
         y = block(x)
         logits = torch.nn.functional.linear(x[0], block.gate.weight)
     tensors = {"x": x[0], "router_logits": logits, "w13": block.experts.gate_up_proj,
                "w2": block.experts.down_proj, "y": y[0]}
-    return tensors, spec("softmax_topk", 8, 2, True)
+    return tensors, spec("softmax_topk", experts, k, True)
+
+
+def mixtral(seed):
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    cfg = transformers.MixtralConfig(hidden_size=64, intermediate_size=96, num_local_experts=8,
+                                     num_experts_per_tok=2)
+    return softmax_routed(MixtralSparseMoeBlock(cfg).eval(), seed, 8, 2)
 
 
 def qwen3_moe(seed):
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
     cfg = transformers.Qwen3MoeConfig(hidden_size=64, moe_intermediate_size=48, num_experts=16,
                                       num_experts_per_tok=4, norm_topk_prob=True)
-    block = Qwen3MoeSparseMoeBlock(cfg).eval()
-    init_(block, seed)
-    x = torch.randn(1, TOKENS, 64, generator=torch.Generator().manual_seed(seed + 1))
-    with torch.no_grad():
-        y = block(x)
-        logits = torch.nn.functional.linear(x[0], block.gate.weight)
-    tensors = {"x": x[0], "router_logits": logits, "w13": block.experts.gate_up_proj,
-               "w2": block.experts.down_proj, "y": y[0]}
-    return tensors, spec("softmax_topk", 16, 4, True)
+    return softmax_routed(Qwen3MoeSparseMoeBlock(cfg).eval(), seed, 16, 4)
 
 
 def deepseek_v3(seed):

@@ -31,13 +31,7 @@ inline MoeCase random_case(RandomCaseOptions options) {
 inline std::vector<double> run_poisoned(const MoeCase& moe_case, int threads = 0) {
   const Tensor& x = moe_case.inputs.x;
   Buffer out(x.dtype, {x.size(0), x.size(1)});
-  for (int64_t i = 0; i < out.numel(); ++i) {
-    if (x.dtype == DType::kF32) {
-      out.data_as<float>()[i] = std::numeric_limits<float>::quiet_NaN();
-    } else {
-      out.data_as<uint16_t>()[i] = 0x7fc0;
-    }
-  }
+  EXPECT_TRUE(fill_with_nan(out.view()).ok());
   const Status status = moe_forward_cpu(moe_case.spec, moe_case.weights, moe_case.inputs, out.view(), {threads});
   EXPECT_TRUE(status.ok()) << status.message();
   std::vector<double> values = to_doubles(out.view());

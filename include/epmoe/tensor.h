@@ -50,6 +50,10 @@ struct Tensor {
   }
 };
 
+// Fills a host tensor of f32, bf16 or f16 with NaN: outputs are poisoned before a kernel
+// runs, so an element it leaves unwritten shows up as NaN.
+Status fill_with_nan(const Tensor& host);
+
 // Owns zero-initialised host memory, aligned for vector loads.
 class Buffer {
  public:

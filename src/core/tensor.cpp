@@ -1,6 +1,8 @@
 #include "epmoe/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <cstring>
 #include <new>
 
@@ -59,6 +61,25 @@ std::string Tensor::shape_string() const {
 std::string Tensor::describe() const {
   return std::string(dtype_name(dtype)) + " " + shape_string() + " on " +
          std::string(device_name(device));
+}
+
+Status fill_with_nan(const Tensor& host) {
+  if (host.device != Device::kCpu || !host.is_contiguous())
+    return bad_argument("fill_with_nan", "a contiguous host tensor", host.describe());
+  const int64_t count = host.numel();
+  switch (host.dtype) {
+    case DType::kF32:
+      std::fill_n(host.data_as<float>(), count, std::numeric_limits<float>::quiet_NaN());
+      return {};
+    case DType::kBF16:
+      std::fill_n(host.data_as<uint16_t>(), count, uint16_t{0x7fc0});
+      return {};
+    case DType::kF16:
+      std::fill_n(host.data_as<uint16_t>(), count, uint16_t{0x7e00});
+      return {};
+    default:
+      return bad_argument("fill_with_nan", "an f32, bf16 or f16 tensor", host.describe());
+  }
 }
 
 void Buffer::AlignedFree::operator()(std::byte* pointer) const { std::free(pointer); }

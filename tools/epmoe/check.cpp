@@ -24,13 +24,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 Result<std::vector<double>> run_operator(const MoeCase& moe_case, int threads) {
   const Tensor& x = moe_case.inputs.x;
   Buffer out(x.dtype, {x.size(0), x.size(1)});
-  for (int64_t i = 0; i < out.numel(); ++i) {
-    if (x.dtype == DType::kF32) {
-      out.data_as<float>()[i] = std::numeric_limits<float>::quiet_NaN();
-    } else {
-      out.data_as<uint16_t>()[i] = 0x7fc0;
-    }
-  }
+  EPMOE_RETURN_IF_ERROR(fill_with_nan(out.view()));
   EPMOE_RETURN_IF_ERROR(moe_forward_cpu(moe_case.spec, moe_case.weights, moe_case.inputs, out.view(), {threads}));
   return to_doubles(out.view());
 }
