@@ -75,6 +75,23 @@ std::vector<Case> all_cases() {
 INSTANTIATE_TEST_SUITE_P(AllSchemesAndRoutings, FusedMoeVsNaive, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) { return name_of(info.param); });
 
+TEST(FusedMoe, Fp8TensorWithStaticActivationScales) {
+  RandomCaseOptions options = options_for({QuantScheme::kFp8Tensor, RoutingKind::kSoftmaxTopk, 29, true});
+  options.static_activation_scales = true;
+  const MoeCase moe_case = random_case(options);
+  ASSERT_TRUE(moe_case.weights.input_scale.has_value());
+  ASSERT_TRUE(moe_case.weights.intermediate_scale.has_value());
+  const std::vector<double> out = run_poisoned(moe_case);
+  const std::vector<double> reference =
+      naive_moe(moe_case.spec, moe_case.weights, moe_case.inputs, {.quantize_activations = true}).value();
+  EXPECT_LT(relative_error(out, reference), 3e-2) << "seed " << options.seed;
+  // The static scales are what is used: another scale (not a power of two, which would
+  // only shift exponents exactly) moves the e4m3 grid and so the result.
+  MoeCase rescaled = random_case(options);
+  *rescaled.weights.input_scale->data_as<float>() *= 1.37f;
+  EXPECT_NE(run_poisoned(rescaled), out);
+}
+
 TEST(FusedMoe, F32PathMatchesNaiveToF32Rounding) {
   RandomCaseOptions options = options_for({QuantScheme::kBf16, RoutingKind::kGroupedTopk, 20, true});
   options.activation_dtype = DType::kF32;
