@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "cpu_ceilings.h"
 #include "epmoe/moe_cpu.h"
+#include "ep_runner.h"
 #include "problem.h"
 #ifdef EPMOE_WITH_CUDA
 #include "bench_cuda.h"
@@ -54,6 +55,29 @@ double worst_case_weight_bytes(const Problem& problem, int64_t tokens) {
   return element * 3.0 * o.hidden * (experts * o.intermediate + o.shared_intermediate);
 }
 
+// The whole layer over the ranks: each rank's median forward time (host clock; the GPU path
+// synchronises per collective), and its traffic per second.
+int bench_ep_layer(const Problem& problem, const std::vector<int64_t>& token_counts, EpStrategy strategy,
+                   const std::string& backend, int iterations) {
+  std::printf("bench %s, whole layer, strategy %s, backend %s\n", describe(problem).c_str(),
+              std::string(ep_strategy_name(strategy)).c_str(), backend.c_str());
+  std::printf("%8s %5s %8s %11s %12s %12s\n", "T", "rank", "tokens", "time ms", "sent GB/s", "recv GB/s");
+  for (int64_t tokens : token_counts) {
+    Result<EpSetup> setup = prepare_ep(problem, tokens, strategy, backend);
+    if (!setup.ok()) return usage_error("bench", setup.status().to_string());
+    if (Status status = run_ep(setup.value(), iterations + 1, 1); !status.ok()) return usage_error("bench", status.to_string());
+    for (size_t r = 0; r < setup->ranks.size(); ++r) {
+      EpRank& rank = setup->ranks[r];
+      std::nth_element(rank.seconds.begin(), rank.seconds.begin() + rank.seconds.size() / 2, rank.seconds.end());
+      const double seconds = rank.seconds[rank.seconds.size() / 2];
+      std::printf("%8lld %5zu %8lld %11.3f %12.3f %12.3f\n", static_cast<long long>(tokens), r,
+                  static_cast<long long>(rank.rows), seconds * 1e3, rank.stats.bytes_sent / seconds / 1e9,
+                  rank.stats.bytes_received / seconds / 1e9);
+    }
+  }
+  return 0;
+}
+
 bool cuda_available() {
 #ifdef EPMOE_WITH_CUDA
   return cuda_device_present();
@@ -77,6 +101,9 @@ int run_bench(const std::vector<std::string>& arguments) {
   args.option("iterations", "N", "timed runs per size (median reported)", "5");
   args.option("json", "FILE", "also write every figure to FILE");
   args.option("device", "D", "cpu or cuda", "cuda when built with CUDA and a GPU is present, else cpu");
+  args.option("strategy", "S", "time the whole layer split over --ep ranks by EpMoe (replicate_all_reduce, "
+              "all_gather_reduce_scatter, all_to_all) instead of one rank's share");
+  args.option("backend", "B", "with --strategy: threads (ranks in this process) or nccl (one GPU a rank)", "threads");
   if (Status status = args.parse(arguments); !status.ok()) return usage_error("bench", status.message());
   if (args.help_requested()) {
     std::fputs(args.help().c_str(), stdout);
@@ -89,6 +116,12 @@ int run_bench(const std::vector<std::string>& arguments) {
   Result<int64_t> iterations = args.integer("iterations", 1, 1000);
   if (!iterations.ok()) return usage_error("bench", iterations.status().message());
 
+  if (args.given("strategy")) {
+    Result<EpStrategy> strategy = parse_ep_strategy(args.text("strategy"));
+    if (!strategy.ok()) return usage_error("bench", "option --" + strategy.status().message());
+    return bench_ep_layer(problem.value(), token_list.value(), strategy.value(), args.text("backend"),
+                          static_cast<int>(iterations.value()));
+  }
   std::string device = args.text("device");
   if (!args.given("device")) device = cuda_available() ? "cuda" : "cpu";
   if (device == "cuda") {

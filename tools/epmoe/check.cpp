@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <limits>
 
-#include "check_ep.h"
 #include "commands.h"
+#include "ep_runner.h"
 #include "epmoe/moe_cpu.h"
 #include "epmoe/naive_moe.h"
 #include "problem.h"
@@ -89,6 +89,48 @@ int check_model(const Problem& problem, int64_t tokens) {
     std::printf("  error against exact activations (the cost of fp8 activations, not gated): %.3e\n",
                 relative_error(out_sum, exact_sum));
   return report(relative_error(out_sum, reference_sum), tolerance_for(options.spec.quant.scheme));
+}
+
+std::string kib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f KiB", static_cast<double>(bytes) / 1024);
+  return text;
+}
+
+// The layer split over the ranks by EpMoe; each rank's output against the naive loop over
+// the whole layer's rows it holds.
+int check_ep_layer(const Problem& problem, int64_t tokens, EpStrategy strategy, const std::string& backend) {
+  std::printf("check %s, T=%lld, strategy %s, backend %s\n", describe(problem).c_str(), static_cast<long long>(tokens),
+              std::string(ep_strategy_name(strategy)).c_str(), backend.c_str());
+  Result<EpSetup> setup = prepare_ep(problem, tokens, strategy, backend);
+  if (!setup.ok()) return usage_error("check", setup.status().to_string());
+  const MoeCase& whole = setup->whole;
+  Result<std::vector<double>> reference =
+      naive_moe(whole.spec, whole.weights, whole.inputs, {.quantize_activations = true, .num_threads = problem.threads});
+  if (!reference.ok()) return usage_error("check", reference.status().to_string());
+  if (Status status = run_ep(setup.value(), 1, 0); !status.ok()) return usage_error("check", status.to_string());
+  std::vector<double> got, want;
+  const int64_t H = whole.inputs.x.size(1);
+  for (size_t r = 0; r < setup->ranks.size(); ++r) {
+    const EpRank& rank = setup->ranks[r];
+    int64_t fewest = INT64_MAX, most = 0;
+    for (int64_t pairs : rank.stats.pairs_per_local_expert) {
+      fewest = std::min(fewest, pairs);
+      most = std::max(most, pairs);
+    }
+    std::string rows_sent;
+    for (int64_t rows : rank.stats.rows_sent) {
+      rows_sent += ' ';
+      rows_sent += std::to_string(rows);
+    }
+    std::printf("  rank %zu: %lld tokens, sent %s (rows to each rank:%s), received %s, pairs per local expert %lld..%lld\n",
+                r, static_cast<long long>(rank.rows), kib(rank.stats.bytes_sent).c_str(), rows_sent.c_str(),
+                kib(rank.stats.bytes_received).c_str(), static_cast<long long>(fewest == INT64_MAX ? 0 : fewest),
+                static_cast<long long>(most));
+    got.insert(got.end(), rank.out.begin(), rank.out.end());
+    want.insert(want.end(), reference->begin() + rank.first_row * H, reference->begin() + (rank.first_row + rank.rows) * H);
+  }
+  return report(relative_error(got, want), tolerance_for(whole.spec.quant.scheme));
 }
 
 }  // namespace
