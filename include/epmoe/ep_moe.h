@@ -68,8 +68,10 @@ class EpMoe {
   Status forward(const Tensor& x, const Tensor& router_logits, const Tensor& out, EpStats* stats = nullptr);
 
  private:
-  EpMoe(Communicator& comm, std::shared_ptr<Communicator> staged, EpLayer layer, EpStrategy strategy)
-      : comm_(&comm), staged_(std::move(staged)), layer_(std::move(layer)), strategy_(strategy) {}
+  EpMoe(Communicator& comm, std::shared_ptr<Communicator> staged, EpLayer layer, EpStrategy strategy,
+        std::vector<int32_t> owner_of)
+      : comm_(&comm), staged_(std::move(staged)), layer_(std::move(layer)), strategy_(strategy),
+        owner_of_(std::move(owner_of)) {}
   Status run_strategy(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
   Status replicate_all_reduce(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
   Status all_gather_reduce_scatter(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
@@ -79,6 +81,7 @@ class EpMoe {
   std::shared_ptr<Communicator> staged_;  // host view of a GPU communicator
   EpLayer layer_;
   EpStrategy strategy_;
+  std::vector<int32_t> owner_of_;  // [E] the rank that owns each expert
 };
 
 }  // namespace epmoe

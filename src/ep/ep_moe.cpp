@@ -177,6 +177,7 @@ Result<EpMoe> EpMoe::create(Communicator& device_comm, EpLayer layer, EpStrategy
   std::vector<int32_t> owned(E), owners(static_cast<size_t>(E) * R);
   for (int e = 0; e < E; ++e) owned[e] = layer.experts.local_index(e) >= 0 ? 1 : 0;
   EPMOE_RETURN_IF_ERROR(comm.all_gather(owned.data(), owners.data(), E, DType::kI32));
+  std::vector<int32_t> owner_of(E);
   for (int e = 0; e < E; ++e) {
     std::string ranks;
     int count = 0;
@@ -184,12 +185,13 @@ Result<EpMoe> EpMoe::create(Communicator& device_comm, EpLayer layer, EpStrategy
       if (owners[static_cast<size_t>(r) * E + e]) {
         if (count++) ranks += ", ";
         ranks += std::to_string(r);
+        owner_of[e] = r;
       }
     if (count != 1)
       return bad_argument("expert placement", "every expert on exactly one rank",
                           "expert " + std::to_string(e) + (count ? " on ranks " + ranks : " on no rank"));
   }
-  return EpMoe(comm, std::move(staged), std::move(layer), strategy);
+  return EpMoe(comm, std::move(staged), std::move(layer), strategy, std::move(owner_of));
 }
 
 Status EpMoe::forward(const Tensor& x, const Tensor& router_logits, const Tensor& out, EpStats* stats) {
@@ -275,18 +277,12 @@ Status EpMoe::all_gather_reduce_scatter(const Tensor& x, const Tensor& logits, c
 }
 
 Status EpMoe::all_to_all(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& s) {
-  const int R = comm_->size(), me = comm_->rank(), k = layer_.spec.routing.top_k, E = layer_.spec.routing.num_experts;
+  const int R = comm_->size(), me = comm_->rank(), k = layer_.spec.routing.top_k;
   const int64_t T = x.size(0), H = x.size(1);
   const size_t row = row_bytes(x);
   Result<Routing> routing = route_rows(layer_, logits);
   if (!routing.ok()) return routing.status();
-  // Which rank owns each expert (create() proved each has exactly one).
-  std::vector<int32_t> owned(E), owners(static_cast<size_t>(E) * R), owner_of(E);
-  for (int e = 0; e < E; ++e) owned[e] = layer_.experts.local_index(e) >= 0 ? 1 : 0;
-  EPMOE_RETURN_IF_ERROR(comm_->all_gather(owned.data(), owners.data(), E, DType::kI32));
-  for (int r = 0; r < R; ++r)
-    for (int e = 0; e < E; ++e)
-      if (owners[static_cast<size_t>(r) * E + e]) owner_of[e] = r;
+  const std::vector<int32_t>& owner_of = owner_of_;
 
   // Rows to send to each other rank: tokens with at least one expert there, in token order.
   std::vector<std::vector<int64_t>> destined(R);
