@@ -42,8 +42,7 @@ double median_seconds(const MoeCase& moe_case, const Tensor& out, int iterations
     if (!status.ok()) return 0;
     if (i > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 
 // Weight bytes the rank's share could need at most, to refuse sizes that do not fit.
@@ -68,8 +67,7 @@ int bench_ep_layer(const Problem& problem, const std::vector<int64_t>& token_cou
     if (Status status = run_ep(setup.value(), iterations + 1, 1); !status.ok()) return usage_error("bench", status.to_string());
     for (size_t r = 0; r < setup->ranks.size(); ++r) {
       EpRank& rank = setup->ranks[r];
-      std::nth_element(rank.seconds.begin(), rank.seconds.begin() + rank.seconds.size() / 2, rank.seconds.end());
-      const double seconds = rank.seconds[rank.seconds.size() / 2];
+      const double seconds = median(rank.seconds);
       std::printf("%8lld %5zu %8lld %11.3f %12.3f %12.3f\n", static_cast<long long>(tokens), r,
                   static_cast<long long>(rank.rows), seconds * 1e3, rank.stats.bytes_sent / seconds / 1e9,
                   rank.stats.bytes_received / seconds / 1e9);

@@ -72,8 +72,7 @@ float median_ms(int repeats, Work work) {
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 
 Result<DeviceCeilings> measure_ceilings() {
@@ -279,8 +278,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     for (cudaEvent_t event : events) cudaEventDestroy(event);
     for (cudaGraphExec_t exec : graphs) cudaGraphExecDestroy(exec);
     cudaStreamDestroy(stream);
-    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-    const double seconds = times[times.size() / 2] * 1e-3;
+    const double seconds = median(times) * 1e-3;
     const double floor_seconds = floor_sum / runs;
     const double bytes = mean.bytes / runs, flops = mean.flops / runs;
     const bool bandwidth_bound = bytes / ceilings->bytes_per_second >= flops / ceilings->flops_per_second;
