@@ -166,7 +166,7 @@ TEST(SpecValidation, CorrectionBiasOnlyForGroupedTopk) {
   MoeCase c = valid_case();
   std::vector<float> bias(8, 0.1f);
   c.inputs.correction_bias = Tensor::contiguous(bias.data(), DType::kF32, {8});
-  EXPECT_EQ(error_of(c), "correction_bias: expected only with grouped_topk routing from router_logits, got softmax_topk");
+  EXPECT_EQ(error_of(c), "correction_bias: expected only with grouped_topk routing, got softmax_topk");
 }
 
 TEST(SpecValidation, StaticScaleOnlyForPerTensorFp8) {

@@ -25,4 +25,9 @@ struct CudaWorkspace {
 Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const MoeInputs& inputs,
                         const Tensor& out, const CudaWorkspace& workspace, CUstream_st* stream);
 
+// Routing alone, as route_cpu computes it: topk_ids / topk_weights [T, k] from
+// router_logits [T, E], all on the device (validate_route checks them).
+Status route_cuda(const RoutingSpec& routing, const Tensor& router_logits, const std::optional<Tensor>& correction_bias,
+                  const Tensor& topk_ids, const Tensor& topk_weights, CUstream_st* stream);
+
 }  // namespace epmoe

@@ -123,4 +123,10 @@ Status validate_spec(const MoeSpec& spec);
 Result<MoeShape> validate_moe(const MoeSpec& spec, const MoeWeights& weights,
                               const MoeInputs& inputs, const Tensor* out, Device device);
 
+// Routing alone (route_cpu / route_cuda): router_logits [T, E] f32 or bf16, topk_ids [T, k]
+// i32, topk_weights [T, k] f32, correction_bias [E] f32 (grouped_topk only), all on `device`.
+Status validate_route(const RoutingSpec& routing, const Tensor& router_logits,
+                      const std::optional<Tensor>& correction_bias, const Tensor& topk_ids,
+                      const Tensor& topk_weights, Device device);
+
 }  // namespace epmoe

@@ -124,6 +124,21 @@ std::vector<DType> weight_dtypes(QuantScheme scheme, Device device) {
   return dense_dtypes(device);
 }
 
+Status check_logits(const Tensor& logits, int64_t T, int64_t E, Device device) {
+  return check_tensor("router_logits", logits, device, {DType::kF32, DType::kBF16}, {{T, E}});
+}
+
+Status check_correction_bias(const RoutingSpec& routing, const std::optional<Tensor>& bias, Device device) {
+  if (!bias) return {};
+  if (routing.kind != RoutingKind::kGroupedTopk)
+    return bad_argument("correction_bias", "only with grouped_topk routing", std::string(routing_kind_name(routing.kind)));
+  EPMOE_RETURN_IF_ERROR(check_tensor("correction_bias", *bias, device, {DType::kF32}, {{routing.num_experts}}));
+  if (routing.num_experts / routing.n_group < 2)
+    return bad_argument("correction_bias", "groups of at least 2 experts (a group scores its best two)",
+                        std::to_string(routing.num_experts / routing.n_group) + " expert per group");
+  return {};
+}
+
 Status check_routing(const MoeSpec& spec, const MoeInputs& inputs, const MoeShape& shape,
                      Device device) {
   const int64_t T = shape.tokens, E = shape.num_experts, k = shape.top_k;
@@ -135,8 +150,7 @@ Status check_routing(const MoeSpec& spec, const MoeInputs& inputs, const MoeShap
     return bad_argument("routing", "router_logits, or both topk_ids and topk_weights",
                         inputs.topk_ids ? "topk_ids alone" : inputs.topk_weights ? "topk_weights alone" : "neither");
   if (inputs.router_logits) {
-    EPMOE_RETURN_IF_ERROR(check_tensor("router_logits", *inputs.router_logits, device,
-                                       {DType::kF32, DType::kBF16}, {{T, E}}));
+    EPMOE_RETURN_IF_ERROR(check_logits(*inputs.router_logits, T, E, device));
   } else {
     EPMOE_RETURN_IF_ERROR(check_tensor("topk_ids", *inputs.topk_ids, device, {DType::kI32}, {{T, k}}));
     EPMOE_RETURN_IF_ERROR(
@@ -149,19 +163,9 @@ Status check_routing(const MoeSpec& spec, const MoeInputs& inputs, const MoeShap
                               "an expert id in [0, " + std::to_string(E) + ")", std::to_string(ids[i]));
     }
   }
-  if (inputs.correction_bias) {
-    if (spec.routing.kind != RoutingKind::kGroupedTopk || !inputs.router_logits)
-      return bad_argument("correction_bias", "only with grouped_topk routing from router_logits",
-                          std::string(routing_kind_name(spec.routing.kind)) +
-                              (inputs.router_logits ? "" : " with precomputed top-k"));
-    EPMOE_RETURN_IF_ERROR(
-        check_tensor("correction_bias", *inputs.correction_bias, device, {DType::kF32}, {{E}}));
-    if (E / spec.routing.n_group < 2)
-      return bad_argument("correction_bias",
-                          "groups of at least 2 experts (a group scores its best two)",
-                          std::to_string(E / spec.routing.n_group) + " expert per group");
-  }
-  return {};
+  if (inputs.correction_bias && !inputs.router_logits)
+    return bad_argument("correction_bias", "only with routing from router_logits", "precomputed top-k");
+  return check_correction_bias(spec.routing, inputs.correction_bias, device);
 }
 
 Status check_expert_map(const MoeInputs& inputs, const MoeShape& shape, Device device) {
@@ -316,6 +320,20 @@ Result<MoeShape> validate_moe(const MoeSpec& spec, const MoeWeights& weights,
   EPMOE_RETURN_IF_ERROR(check_expert_map(inputs, shape, device));
   if (out) EPMOE_RETURN_IF_ERROR(check_tensor("out", *out, device, {inputs.x.dtype}, {{T, H}}));
   return shape;
+}
+
+Status validate_route(const RoutingSpec& routing, const Tensor& router_logits,
+                      const std::optional<Tensor>& correction_bias, const Tensor& topk_ids,
+                      const Tensor& topk_weights, Device device) {
+  MoeSpec spec;
+  spec.routing = routing;
+  EPMOE_RETURN_IF_ERROR(validate_spec(spec));
+  EPMOE_RETURN_IF_ERROR(check_rank("router_logits", router_logits, 2, "[T, E]"));
+  const int64_t T = router_logits.size(0);
+  EPMOE_RETURN_IF_ERROR(check_logits(router_logits, T, routing.num_experts, device));
+  EPMOE_RETURN_IF_ERROR(check_tensor("topk_ids", topk_ids, device, {DType::kI32}, {{T, routing.top_k}}));
+  EPMOE_RETURN_IF_ERROR(check_tensor("topk_weights", topk_weights, device, {DType::kF32}, {{T, routing.top_k}}));
+  return check_correction_bias(routing, correction_bias, device);
 }
 
 }  // namespace epmoe

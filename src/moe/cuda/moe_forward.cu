@@ -61,21 +61,30 @@ struct WorkspaceLayout {
   }
 };
 
+// The routing kernel's limits (scores of one token in shared memory, groups in registers).
+Status check_routing_limits(const RoutingSpec& routing) {
+  if (routing.num_experts > cuda::kMaxRoutedExperts)
+    return bad_argument("routing.num_experts", "at most " + std::to_string(cuda::kMaxRoutedExperts) +
+                                                   " experts for GPU routing", std::to_string(routing.num_experts));
+  if (routing.top_k > cuda::kMaxTopK)
+    return bad_argument("routing.top_k", "at most " + std::to_string(cuda::kMaxTopK) + " on the GPU",
+                        std::to_string(routing.top_k));
+  if (routing.kind == RoutingKind::kGroupedTopk && routing.n_group > cuda::kMaxGroups)
+    return bad_argument("routing.n_group", "at most " + std::to_string(cuda::kMaxGroups) + " on the GPU",
+                        std::to_string(routing.n_group));
+  return {};
+}
+
 // What the GPU path adds to validate_moe: its dtype, the kernels' limits and alignment.
 Status check_gpu_limits(const MoeSpec& spec, const MoeShape& shape, const MoeInputs& inputs,
                         const MoeWeights& weights, const CudaWorkspace& workspace, size_t needed) {
   if (spec.quant.scheme != QuantScheme::kBf16)
     return Status::unsupported("quant.scheme: the GPU operator computes bf16 so far, got " +
                                std::string(quant_scheme_name(spec.quant.scheme)));
-  if (shape.num_experts > cuda::kMaxRoutedExperts && inputs.router_logits)
-    return bad_argument("routing.num_experts", "at most " + std::to_string(cuda::kMaxRoutedExperts) +
-                                                   " experts for GPU routing", std::to_string(shape.num_experts));
+  if (inputs.router_logits) EPMOE_RETURN_IF_ERROR(check_routing_limits(spec.routing));
   if (shape.top_k > cuda::kMaxTopK)
     return bad_argument("routing.top_k", "at most " + std::to_string(cuda::kMaxTopK) + " on the GPU",
                         std::to_string(shape.top_k));
-  if (spec.routing.kind == RoutingKind::kGroupedTopk && spec.routing.n_group > cuda::kMaxGroups)
-    return bad_argument("routing.n_group", "at most " + std::to_string(cuda::kMaxGroups) + " on the GPU",
-                        std::to_string(spec.routing.n_group));
   for (const auto& [name, size] : {std::pair{"H", shape.hidden}, std::pair{"I", shape.intermediate},
                                    std::pair{"I_s", shape.shared_intermediate}})
     if (size % 8 != 0)
@@ -95,6 +104,17 @@ Status check_gpu_limits(const MoeSpec& spec, const MoeShape& shape, const MoeInp
 }  // namespace
 
 size_t moe_workspace_bytes(const MoeShape& shape) { return WorkspaceLayout(shape, nullptr).bytes; }
+
+Status route_cuda(const RoutingSpec& routing, const Tensor& router_logits, const std::optional<Tensor>& correction_bias,
+                  const Tensor& topk_ids, const Tensor& topk_weights, CUstream_st* stream) {
+  EPMOE_RETURN_IF_ERROR(validate_route(routing, router_logits, correction_bias, topk_ids, topk_weights, Device::kCuda));
+  EPMOE_RETURN_IF_ERROR(check_routing_limits(routing));
+  if (router_logits.size(0) == 0) return {};
+  CUDA_CHECK(cuda::launch_route(routing, router_logits.data, router_logits.dtype == DType::kBF16,
+                                correction_bias ? correction_bias->data_as<float>() : nullptr, router_logits.size(0),
+                                topk_ids.data_as<int32_t>(), topk_weights.data_as<float>(), stream));
+  return {};
+}
 
 Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const MoeInputs& inputs, const Tensor& out,
                         const CudaWorkspace& workspace, CUstream_st* stream) {
