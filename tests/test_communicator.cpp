@@ -83,6 +83,7 @@ TEST_P(Collectives, GatherReduceAndExchangeMatchTheirDefinitions) {
     for (int s = 0, at = 0; s < R; ++s)
       for (size_t i = 0; i < recv[s]; ++i) ASSERT_EQ(received[at++], s * 100.0f + rank * 10.0f + i);
     ASSERT_TRUE(comm.barrier().ok());
+    ASSERT_TRUE(comm.synchronize().ok());
   });
 }
 
@@ -132,8 +133,10 @@ TEST(ThreadCommunicator, AbortReachesRanksWaitingInACollective) {
     results[rank] = comm.barrier();
   });
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);  // far below the 10 s timeout
-  for (int r : {0, 2})
+  for (int r : {0, 2}) {
     EXPECT_EQ(results[r].message(), "communicator failed: rank 1: expert weights failed to load");
+    EXPECT_EQ(comms[r]->synchronize().message(), results[r].message());  // the failure stays
+  }
 }
 
 }  // namespace

@@ -38,7 +38,12 @@ class Communicator {
   // recv_counts[r] from rank r into out (in rank order).
   virtual Status all_to_all_v(const void* in, std::span<const size_t> send_counts, void* out,
                               std::span<const size_t> recv_counts, DType dtype) = 0;
+  // Holds the calling thread until every rank has reached it.
   virtual Status barrier() = 0;
+  // Collectives may return before they complete (NCCL: enqueued on the stream). This waits
+  // until every collective this rank issued has completed, and returns the communicator's
+  // failure if one failed or timed out.
+  virtual Status synchronize() = 0;
   // Fails every pending and later collective on every rank with `reason`.
   virtual void abort(const std::string& reason) = 0;
 };
@@ -57,9 +62,10 @@ namespace epmoe {
 // NCCL: one rank per GPU (one process per rank, or one thread per GPU). The ranks find each
 // other through a bootstrap that rank 0 publishes: "file:/shared/path" (rank 0 writes the
 // NCCL unique id there, the others wait for it) or "tcp:host:port" (rank 0 listens, the
-// others connect). Collectives run on `stream` on device buffers; each waits for its own
-// completion, polling NCCL's asynchronous error, and aborts the communicator with a clear
-// error after `timeout` instead of hanging on a missing peer.
+// others connect). Collectives are enqueued on `stream` on device buffers and return at
+// once (CUDA-graph capturable); a watchdog thread follows each one's completion and NCCL's
+// asynchronous error, and aborts the communicator with a clear error when one fails or
+// outlives `timeout` (a missing peer), instead of hanging. synchronize() reports it.
 struct NcclOptions {
   int rank = 0, size = 1;
   std::string bootstrap;  // "file:PATH" or "tcp:HOST:PORT"

@@ -1,7 +1,8 @@
 // The NCCL backend. Init is non-blocking (ncclCommInitRankConfig with blocking = 0) and
-// polled with a deadline; every collective is enqueued on the rank's stream, then waited
-// for by polling the stream and ncclCommGetAsyncError, so a peer that died or never came
-// turns into an error (and ncclCommAbort) after the timeout, not a hang.
+// polled with a deadline; every collective is enqueued on the rank's stream and returns at
+// once, and a watchdog thread polls its completion and ncclCommGetAsyncError, so a peer
+// that died or never came turns into an error (and ncclCommAbort) after the timeout, not
+// a hang.
 #include <arpa/inet.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -10,10 +11,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -120,10 +124,21 @@ Status exchange_id_tcp(const std::string& host, const std::string& port, int ran
   return {};
 }
 
+// Collectives are enqueued and return at once; a watchdog thread follows each one's
+// completion event and NCCL's asynchronous error, and aborts the communicator when one
+// fails or outlives the timeout, so a dead peer becomes an error, never a hang.
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, const NcclOptions& options) : comm_(comm), options_(options) {}
+  NcclCommunicator(ncclComm_t comm, const NcclOptions& options)
+      : comm_(comm), options_(options), watchdog_([this] { watch(); }) {}
   ~NcclCommunicator() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    watchdog_.join();
+    for (const Pending& pending : pending_) cudaEventDestroy(pending.done);
     if (comm_) ncclCommDestroy(comm_);
     if (scratch_) cudaFree(scratch_);
   }
@@ -165,36 +180,75 @@ class NcclCommunicator final : public Communicator {
     return exchange("all_to_all_v", in, send_counts, out, recv_counts, dtype, false);
   }
 
+  // A barrier holds the host: an all-reduce of one value, then its completion.
   Status barrier() override {
     if (!scratch_) {
       if (const cudaError_t e = cudaMalloc(&scratch_, sizeof(int32_t)); e != cudaSuccess)
         return cuda_failure("barrier scratch", e);
     }
-    return all_reduce(scratch_, scratch_, 1, DType::kI32);
+    EPMOE_RETURN_IF_ERROR(all_reduce(scratch_, scratch_, 1, DType::kI32));
+    return synchronize();
+  }
+
+  Status synchronize() override {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return pending_.empty() || failed_; });
+    return failed_ ? failure() : Status{};
   }
 
   // Aborting the NCCL communicator releases this rank; its peers' pending collectives
   // then fail at their timeout.
   void abort(const std::string& reason) override {
-    reason_ = "rank " + std::to_string(rank()) + ": " + reason;
-    failed_ = true;
-    if (comm_) ncclCommAbort(comm_);
-    comm_ = nullptr;
+    std::lock_guard lock(mutex_);
+    (void)fail_locked("rank " + std::to_string(rank()) + ": " + reason);
   }
 
  private:
+  // One enqueued collective: its completion event and the time by which it must be done.
+  struct Pending {
+    cudaEvent_t done;
+    const char* op;
+    Clock::time_point deadline;
+  };
+
   cudaStream_t stream() const { return reinterpret_cast<cudaStream_t>(options_.stream); }
 
-  // Enqueues `enqueue(type)` and waits for it: the NCCL call, its async state, the stream.
+  Status failure() const { return {StatusCode::kInternal, "communicator failed: " + reason_}; }
+
+  // Enqueues `enqueue(type)` on the stream and hands its completion to the watchdog. The
+  // lock keeps an abort from the watchdog or another thread out of the NCCL calls.
   template <typename Enqueue>
   Status run(const char* op, DType dtype, Enqueue enqueue) {
-    if (failed_) return {StatusCode::kInternal, "communicator failed: " + reason_};
+    std::unique_lock lock(mutex_);
+    if (failed_) return failure();
     Result<ncclDataType_t> type = nccl_type(dtype);
     if (!type.ok()) return type.status();
     if (const cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) return cuda_failure("cudaSetDevice", e);
-    const ncclResult_t result = enqueue(type.value());
-    if (result != ncclSuccess && result != ncclInProgress) return fail(nccl_error(op, result));
-    return wait(op);
+    const auto deadline = Clock::now() + options_.timeout;
+    ncclResult_t result = enqueue(type.value());
+    // A non-blocking communicator may still be enqueueing (connecting to peers, say).
+    while (result == ncclInProgress) {
+      if (const ncclResult_t r = ncclCommGetAsyncError(comm_, &result); r != ncclSuccess) result = r;
+      if (result == ncclInProgress && Clock::now() >= deadline) return fail_locked(timed_out(op).message());
+      if (result == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (result != ncclSuccess) return fail_locked(nccl_error(op, result).message());
+    // Inside a CUDA graph capture nothing runs yet: there is no completion to watch.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (const cudaError_t e = cudaStreamIsCapturing(stream(), &capture); e != cudaSuccess)
+      return fail_locked(cuda_failure(op, e).message());
+    if (capture != cudaStreamCaptureStatusNone) return {};
+    cudaEvent_t done = nullptr;
+    if (const cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming); e != cudaSuccess)
+      return fail_locked(cuda_failure(op, e).message());
+    if (const cudaError_t e = cudaEventRecord(done, stream()); e != cudaSuccess) {
+      cudaEventDestroy(done);
+      return fail_locked(cuda_failure(op, e).message());
+    }
+    pending_.push_back({done, op, deadline});
+    lock.unlock();
+    changed_.notify_all();
+    return {};
   }
 
   // Grouped point-to-point: to each peer its block of `in`, from each peer into `out`.
@@ -220,38 +274,72 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  Status wait(const char* op) {
-    const auto deadline = Clock::now() + options_.timeout;
+  Status timed_out(const char* op) const {
+    return {StatusCode::kInternal, std::string(op) + " on rank " + std::to_string(rank()) + " did not finish within " +
+                                       std::to_string(options_.timeout.count()) + " ms (a peer missing?)"};
+  }
+
+  // The watchdog: retires completed collectives in order, and fails the communicator on
+  // NCCL's asynchronous error, a CUDA error, or a collective past its deadline.
+  void watch() {
+    cudaSetDevice(options_.device);
+    std::unique_lock lock(mutex_);
     while (true) {
+      changed_.wait(lock, [&] { return stopping_ || (!pending_.empty() && !failed_); });
+      if (stopping_) return;
       ncclResult_t state = ncclSuccess;
-      if (const ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess)
-        return fail(nccl_error(std::string(op) + ": ncclCommGetAsyncError", r));
-      if (state != ncclSuccess && state != ncclInProgress) return fail(nccl_error(op, state));
-      if (state == ncclSuccess) {
-        const cudaError_t query = cudaStreamQuery(stream());
-        if (query == cudaSuccess) return {};
-        if (query != cudaErrorNotReady) return fail(cuda_failure(op, query));
+      const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
+      if (asked != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+        (void)fail_locked(nccl_error(pending_.front().op, asked != ncclSuccess ? asked : state).message());
+        continue;
       }
-      if (Clock::now() >= deadline)
-        return fail({StatusCode::kInternal, std::string(op) + " on rank " + std::to_string(rank()) + " did not finish within " +
-                                                    std::to_string(options_.timeout.count()) + " ms (a peer missing?)"});
+      while (!pending_.empty()) {
+        const cudaError_t query = cudaEventQuery(pending_.front().done);
+        if (query == cudaErrorNotReady) break;
+        if (query != cudaSuccess) {
+          (void)fail_locked(cuda_failure(pending_.front().op, query).message());
+          break;
+        }
+        cudaEventDestroy(pending_.front().done);
+        pending_.pop_front();
+      }
+      if (failed_) continue;
+      if (pending_.empty()) {
+        changed_.notify_all();
+        continue;
+      }
+      if (Clock::now() >= pending_.front().deadline) {
+        (void)fail_locked(timed_out(pending_.front().op).message());
+        continue;
+      }
+      lock.unlock();
       std::this_thread::sleep_for(std::chrono::microseconds(50));
+      lock.lock();
     }
   }
 
-  Status fail(Status status) {
-    failed_ = true;
-    reason_ = status.message();
-    if (comm_) ncclCommAbort(comm_);
-    comm_ = nullptr;
-    return {StatusCode::kInternal, "communicator failed: " + reason_};
+  // The first failure wins; the NCCL communicator is aborted once, waiters are woken.
+  Status fail_locked(const std::string& reason) {
+    if (!failed_) {
+      failed_ = true;
+      reason_ = reason;
+      if (comm_) ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+    changed_.notify_all();
+    return failure();
   }
 
   ncclComm_t comm_;
   NcclOptions options_;
   void* scratch_ = nullptr;
+  std::mutex mutex_;                  // guards what follows, and comm_ against abort
+  std::condition_variable changed_;   // pending_, failed_ or stopping_ changed
+  std::deque<Pending> pending_;       // enqueued collectives, oldest first
   bool failed_ = false;
+  bool stopping_ = false;
   std::string reason_;
+  std::thread watchdog_;  // last: started once everything above exists
 };
 
 }  // namespace

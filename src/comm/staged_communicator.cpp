@@ -45,6 +45,7 @@ class StagedCommunicator final : public Communicator {
     });
   }
   Status barrier() override { return device_.barrier(); }
+  Status synchronize() override { return device_.synchronize(); }
   void abort(const std::string& reason) override { device_.abort(reason); }
 
  private:
@@ -60,6 +61,7 @@ class StagedCommunicator final : public Communicator {
     };
     EPMOE_RETURN_IF_ERROR(copy_to_device(as_tensor(in, in_count), d_in->data()));
     EPMOE_RETURN_IF_ERROR(collective(d_in->data(), d_out->data()));
+    EPMOE_RETURN_IF_ERROR(device_.synchronize());  // the collective runs on its own stream
     return copy_to_host(d_out->data(), as_tensor(out, out_count));
   }
 

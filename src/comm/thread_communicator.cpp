@@ -70,6 +70,11 @@ class ThreadGroup {
     fail(reason);
   }
 
+  Status state() {
+    std::lock_guard lock(mutex_);
+    return failed_ ? failure() : Status{};
+  }
+
   int size() const { return size_; }
 
  private:
@@ -174,6 +179,9 @@ class ThreadCommunicator final : public Communicator {
     static const int kToken = 0;
     return group_->rendezvous(rank_, {"barrier", &kToken, {}, DType::kI32}, [](const auto&) { return Status(); });
   }
+
+  // Every collective completes before it returns: only the group's failure is left to report.
+  Status synchronize() override { return group_->state(); }
 
   void abort(const std::string& reason) override { group_->abort("rank " + std::to_string(rank_) + ": " + reason); }
 

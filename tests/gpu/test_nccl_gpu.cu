@@ -1,6 +1,8 @@
 // The NCCL backend on one GPU (a world of one): every collective on device buffers against
-// its definition, both bootstraps, and a world of two with one rank missing, which must
-// fail with a clear error within the timeout instead of hanging.
+// its definition, both bootstraps, collectives that return before they complete (queued
+// behind a kernel) and the watchdog that fails one past its timeout, and a world of two
+// with one rank missing, which must fail with a clear error within the timeout instead of
+// hanging.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -22,6 +24,15 @@ namespace {
 using namespace std::chrono_literals;
 
 std::string temp_path(const char* name) { return ::testing::TempDir() + "/" + name + std::to_string(::getpid()); }
+
+// Holds its stream for about `nanoseconds` (globaltimer is wall-clock time).
+__global__ void spin_for(uint64_t nanoseconds) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
 
 std::vector<float> to_host(const DeviceBuffer& buffer, size_t count) {
   std::vector<float> host(count);
@@ -46,21 +57,78 @@ TEST(NcclBackend, WorldOfOneRunsEveryCollective) {
 
   poison();
   ASSERT_TRUE(comm.all_gather(in.data(), out.data(), 64, DType::kF32).ok());
+  ASSERT_TRUE(comm.synchronize().ok());
   EXPECT_EQ(to_host(out, 64), values);
   poison();
   ASSERT_TRUE(comm.all_reduce(in.data(), out.data(), 64, DType::kF32).ok());
+  ASSERT_TRUE(comm.synchronize().ok());
   EXPECT_EQ(to_host(out, 64), values);
   poison();
   ASSERT_TRUE(comm.reduce_scatter(in.data(), out.data(), 64, DType::kF32).ok());
+  ASSERT_TRUE(comm.synchronize().ok());
   EXPECT_EQ(to_host(out, 64), values);
   poison();
   const std::vector<size_t> counts = {40};
   ASSERT_TRUE(comm.all_gather_v(in.data(), out.data(), counts, DType::kF32).ok());
+  ASSERT_TRUE(comm.synchronize().ok());
   EXPECT_EQ(to_host(out, 40), std::vector<float>(values.begin(), values.begin() + 40));
   poison();
   ASSERT_TRUE(comm.all_to_all_v(in.data(), counts, out.data(), counts, DType::kF32).ok());
+  ASSERT_TRUE(comm.synchronize().ok());
   EXPECT_EQ(to_host(out, 40), std::vector<float>(values.begin(), values.begin() + 40));
   ASSERT_TRUE(comm.barrier().ok());
+}
+
+TEST(NcclBackend, CollectivesReturnBeforeTheyCompleteOnTheirStream) {
+  if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  Result<std::unique_ptr<Communicator>> made = make_nccl_communicator(
+      {.rank = 0, .size = 1, .bootstrap = "file:" + temp_path("nccl_async"), .timeout = 20000ms, .stream = stream});
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  Communicator& comm = *made.value();
+  DeviceBuffer buffer = DeviceBuffer::allocate(4096).value();
+  std::vector<float> values(1024);
+  std::iota(values.begin(), values.end(), 0.5f);
+  ASSERT_EQ(cudaMemcpy(buffer.data(), values.data(), 4096, cudaMemcpyHostToDevice), cudaSuccess);
+  // A 300 ms kernel ahead of the all-reduce: an asynchronous call returns long before it ends.
+  spin_for<<<1, 1, 0, stream>>>(300'000'000);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(comm.all_reduce(buffer.data(), buffer.data(), 1024, DType::kF32).ok());
+  const auto returned = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(comm.synchronize().ok());
+  const auto completed = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(returned, 100ms);
+  EXPECT_GT(completed, 200ms);
+  EXPECT_EQ(to_host(buffer, 1024), values);
+  made.value().reset();
+  cudaStreamDestroy(stream);
+}
+
+TEST(NcclBackend, WatchdogFailsACollectivePastItsTimeout) {
+  if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  Result<std::unique_ptr<Communicator>> made = make_nccl_communicator(
+      {.rank = 0, .size = 1, .bootstrap = "file:" + temp_path("nccl_late"), .timeout = 400ms, .stream = stream});
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  Communicator& comm = *made.value();
+  DeviceBuffer buffer = DeviceBuffer::allocate(256).value();
+  // The stream is held for 1.5 s, past the 400 ms timeout: as with a peer that never comes.
+  spin_for<<<1, 1, 0, stream>>>(1'500'000'000);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(comm.all_reduce(buffer.data(), buffer.data(), 64, DType::kF32).ok());
+  const Status waited = comm.synchronize();
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(waited.ok());
+  EXPECT_EQ(waited.message(), "communicator failed: all_reduce on rank 0 did not finish within 400 ms (a peer missing?)");
+  EXPECT_LT(elapsed, 3s) << "the watchdog, not the kernel, ends the wait";
+  // The communicator stays failed.
+  const Status later = comm.all_reduce(buffer.data(), buffer.data(), 64, DType::kF32);
+  EXPECT_EQ(later.message(), waited.message());
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  made.value().reset();
+  cudaStreamDestroy(stream);
 }
 
 TEST(NcclBackend, TcpBootstrapWorldOfOne) {

@@ -20,6 +20,9 @@ Result<DeviceBuffer> DeviceBuffer::allocate(size_t bytes) {
 Status copy_to_device(const Tensor& host, void* device) {
   if (host.nbytes() == 0) return {};
   CUDA_CHECK(cudaMemcpy(device, host.data, host.nbytes(), cudaMemcpyHostToDevice));
+  // From pageable memory the call may return before the DMA lands; work on other streams
+  // (an NCCL stream) must see the data.
+  CUDA_CHECK(cudaStreamSynchronize(nullptr));
   return {};
 }
 
