@@ -87,4 +87,20 @@ cudaError_t launch_combine(const PairOutputs& pair_out, const int32_t* slot_of_p
 cudaError_t launch_scale_rows(const uint16_t* x, const float* topk_weights, int64_t tokens, int64_t hidden,
                        uint16_t* x_scaled, cudaStream_t stream);
 
+// quantize.cu: bf16 values [rows, cols] -> e4m3 codes [rows, cols] and f32 scales, as the
+// CPU quantiser computes them. group > 0: one scale per row and group of `group` columns
+// (scales [rows, ceil(cols / group)]; group = cols is per token). group = 0: one scale for
+// the whole tensor (scales [1]): `static_scale` when given, else from the amax, which needs
+// `amax_bits` (one uint32 of device scratch).
+struct Fp8Quantize {
+  const uint16_t* values;
+  int64_t rows, cols;
+  int64_t group;
+  uint8_t* codes;
+  float* scales;
+  const float* static_scale = nullptr;
+  uint32_t* amax_bits = nullptr;
+};
+cudaError_t launch_quantize_fp8(const Fp8Quantize& quantize, cudaStream_t stream);
+
 }  // namespace epmoe::cuda

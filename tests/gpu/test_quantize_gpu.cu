@@ -1,0 +1,131 @@
+// The GPU's fp8 quantisers against the CPU quantiser: the same scales and the same e4m3
+// codes, bit for bit, per token, per group of 128 and per tensor (dynamic and static), on
+// fresh random rows of varied magnitude, plus a row of zeros, a row of huge values, and a
+// NaN, which must make its block's scale and codes NaN.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "epmoe/device_case.h"
+#include "epmoe/dtype.h"
+#include "epmoe/quantize.h"
+#include "moe/cuda/launchers.h"
+
+namespace epmoe {
+namespace {
+
+constexpr int64_t kRows = 37;
+
+// Rows of normal values scaled by 10^[-3, 3]; row 3 is zeros, row 5 huge (near bf16's
+// largest), and, when asked, one NaN in row 7.
+std::vector<uint16_t> random_rows(int64_t cols, bool with_nan, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  std::uniform_real_distribution<float> exponent(-3.0f, 3.0f);
+  std::vector<uint16_t> rows(kRows * cols);
+  for (int64_t r = 0; r < kRows; ++r) {
+    const float magnitude = r == 5 ? 1e37f : std::pow(10.0f, exponent(rng));
+    for (int64_t c = 0; c < cols; ++c) rows[r * cols + c] = f32_to_bf16(r == 3 ? 0.0f : normal(rng) * magnitude);
+  }
+  if (with_nan) rows[7 * cols + cols / 3] = f32_to_bf16(NAN);
+  return rows;
+}
+
+struct Quantized {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+};
+
+// group > 0: per row and group; 0: per tensor (static_scale when not NaN).
+Quantized on_gpu(const std::vector<uint16_t>& values, int64_t cols, int64_t group, float static_scale) {
+  const int64_t scale_count = group > 0 ? kRows * ((cols + group - 1) / group) : 1;
+  DeviceBuffer d_values = DeviceBuffer::allocate(values.size() * 2).value();
+  DeviceBuffer d_codes = DeviceBuffer::allocate(values.size()).value();
+  DeviceBuffer d_scales = DeviceBuffer::allocate(scale_count * 4 + 8).value();
+  EXPECT_EQ(cudaMemcpy(d_values.data(), values.data(), values.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemset(d_codes.data(), 0x55, values.size()), cudaSuccess);  // poison
+  EXPECT_EQ(cudaMemset(d_scales.data(), 0xff, scale_count * 4 + 8), cudaSuccess);
+  auto* scales = static_cast<float*>(d_scales.data());
+  float* given = scales + scale_count;  // static scale
+  uint32_t* amax_bits = reinterpret_cast<uint32_t*>(scales + scale_count + 1);
+  if (!std::isnan(static_scale))
+    EXPECT_EQ(cudaMemcpy(given, &static_scale, 4, cudaMemcpyHostToDevice), cudaSuccess);
+  cuda::Fp8Quantize q{static_cast<const uint16_t*>(d_values.data()), kRows, cols, group,
+                      static_cast<uint8_t*>(d_codes.data()), scales,
+                      std::isnan(static_scale) ? nullptr : given, amax_bits};
+  EXPECT_EQ(cuda::launch_quantize_fp8(q, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Quantized out{std::vector<uint8_t>(values.size()), std::vector<float>(scale_count)};
+  EXPECT_EQ(cudaMemcpy(out.codes.data(), d_codes.data(), values.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(out.scales.data(), scales, scale_count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+Quantized on_cpu(const std::vector<uint16_t>& values, int64_t cols, int64_t group, float static_scale) {
+  std::vector<float> f32(values.size());
+  for (size_t i = 0; i < values.size(); ++i) f32[i] = bf16_to_f32(values[i]);
+  const Fp8Blocks blocks{kRows, cols, group > 0 ? 1 : kRows, group > 0 ? group : cols};
+  Quantized out{std::vector<uint8_t>(values.size()), std::vector<float>(blocks.scale_rows() * blocks.scale_cols())};
+  if (std::isnan(static_scale)) {
+    quantize_fp8_blocks(f32.data(), blocks, out.codes.data(), out.scales.data());
+  } else {
+    quantize_fp8_static(f32.data(), static_cast<int64_t>(f32.size()), static_scale, out.codes.data());
+    out.scales[0] = static_scale;
+  }
+  return out;
+}
+
+void expect_identical(const Quantized& gpu, const Quantized& cpu) {
+  ASSERT_EQ(gpu.scales.size(), cpu.scales.size());
+  for (size_t i = 0; i < cpu.scales.size(); ++i) {
+    if (std::isnan(cpu.scales[i])) {
+      EXPECT_TRUE(std::isnan(gpu.scales[i])) << "scale " << i;
+    } else {
+      EXPECT_EQ(std::bit_cast<uint32_t>(gpu.scales[i]), std::bit_cast<uint32_t>(cpu.scales[i])) << "scale " << i;
+    }
+  }
+  size_t mismatches = 0;
+  for (size_t i = 0; i < cpu.codes.size(); ++i) mismatches += gpu.codes[i] != cpu.codes[i];
+  EXPECT_EQ(mismatches, 0u) << "of " << cpu.codes.size() << " codes";
+}
+
+struct QuantCase {
+  const char* name;
+  int64_t cols, group;  // group 0: per tensor
+  bool with_nan;
+  float static_scale;   // NaN: dynamic
+};
+
+class GpuQuantizer : public ::testing::TestWithParam<QuantCase> {};
+
+TEST_P(GpuQuantizer, SameCodesAndScalesAsTheCpu) {
+  const QuantCase& c = GetParam();
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const std::vector<uint16_t> values = random_rows(c.cols, c.with_nan, seed);
+  const Quantized cpu = on_cpu(values, c.cols, c.group, c.static_scale);
+  expect_identical(on_gpu(values, c.cols, c.group, c.static_scale), cpu);
+  if (c.group > 0) {
+    // The zero row's scale is the floor's; the NaN row's group is NaN throughout.
+    const int64_t groups = (c.cols + c.group - 1) / c.group;
+    EXPECT_EQ(cpu.scales[3 * groups], kFp8MinAmax / kFp8E4M3Max);
+    if (c.with_nan) EXPECT_TRUE(std::isnan(cpu.scales[7 * groups + (c.cols / 3) / c.group]));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schemes, GpuQuantizer,
+    ::testing::Values(QuantCase{"per_token_7168", 7168, 7168, false, NAN}, QuantCase{"per_token_nan", 2048, 2048, true, NAN},
+                      QuantCase{"per_group_128", 7168, 128, false, NAN}, QuantCase{"per_group_nan", 1536, 128, true, NAN},
+                      QuantCase{"per_group_ragged", 1000, 128, true, NAN}, QuantCase{"per_tensor", 4096, 0, false, NAN},
+                      QuantCase{"per_tensor_nan", 4096, 0, true, NAN},
+                      // a static scale small enough that the huge row and many others saturate
+                      QuantCase{"per_tensor_static_saturating", 4096, 0, false, 0.01f}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace epmoe
