@@ -40,7 +40,8 @@ struct Quantized {
   std::vector<float> scales;
 };
 
-// group > 0: per row and group; 0: per tensor (static_scale when not NaN).
+// group > 0: per row and group (group = cols: per row); 0: per tensor (static_scale when
+// not NaN).
 Quantized on_gpu(const std::vector<uint16_t>& values, int64_t cols, int64_t group, float static_scale) {
   const int64_t scale_count = group > 0 ? kRows * ((cols + group - 1) / group) : 1;
   DeviceBuffer d_values = DeviceBuffer::allocate(values.size() * 2).value();
@@ -54,9 +55,14 @@ Quantized on_gpu(const std::vector<uint16_t>& values, int64_t cols, int64_t grou
   uint32_t* amax_bits = reinterpret_cast<uint32_t*>(scales + scale_count + 1);
   if (!std::isnan(static_scale))
     EXPECT_EQ(cudaMemcpy(given, &static_scale, 4, cudaMemcpyHostToDevice), cudaSuccess);
-  cuda::Fp8Quantize q{static_cast<const uint16_t*>(d_values.data()), kRows, cols, group,
-                      static_cast<uint8_t*>(d_codes.data()), scales,
-                      std::isnan(static_scale) ? nullptr : given, amax_bits};
+  cuda::Fp8Quantize q{static_cast<const uint16_t*>(d_values.data()), static_cast<uint8_t*>(d_codes.data()), scales,
+                      kRows, cols, cols};
+  q.granularity = group == 0      ? cuda::Fp8Granularity::kPerTensor
+                  : group == cols ? cuda::Fp8Granularity::kPerRow
+                                  : cuda::Fp8Granularity::kPerGroup;
+  q.group = group;
+  q.static_scale = std::isnan(static_scale) ? nullptr : given;
+  q.amax_bits = amax_bits;
   EXPECT_EQ(cuda::launch_quantize_fp8(q, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   Quantized out{std::vector<uint8_t>(values.size()), std::vector<float>(scale_count)};

@@ -87,19 +87,32 @@ cudaError_t launch_combine(const PairOutputs& pair_out, const int32_t* slot_of_p
 cudaError_t launch_scale_rows(const uint16_t* x, const float* topk_weights, int64_t tokens, int64_t hidden,
                        uint16_t* x_scaled, cudaStream_t stream);
 
-// quantize.cu: bf16 values [rows, cols] -> e4m3 codes [rows, cols] and f32 scales, as the
-// CPU quantiser computes them. group > 0: one scale per row and group of `group` columns
-// (scales [rows, ceil(cols / group)]; group = cols is per token). group = 0: one scale for
-// the whole tensor (scales [1]): `static_scale` when given, else from the amax, which needs
-// `amax_bits` (one uint32 of device scratch).
+// quantize.cu: bf16 values [rows, stride] -> e4m3 codes [rows, stride] and f32 scales, as
+// the CPU quantiser computes them:
+//   kPerGroup: scales [rows, ceil(stride / group)], one per row and group of `group` columns;
+//   kPerRow:   scales [rows], one per row (per token);
+//   kPerTensor: scales [1], or [row_groups.count] (one per group of rows) with row_groups;
+//     from `static_scale` when given, else from the amax, which needs `amax_bits` (one
+//     uint32 of device scratch per scale).
+enum class Fp8Granularity { kPerGroup, kPerRow, kPerTensor };
+// Rows grouped by expert (PairLayout's group_offsets): rows past the last group are unused;
+// rows of `shared_group` hold shared_cols values, the others cols.
+struct RowGroups {
+  const int32_t* offsets = nullptr;  // [count + 1] on the device; null: every row used, cols wide
+  int count = 0;
+  int shared_group = -1;
+  int64_t shared_cols = 0;
+};
 struct Fp8Quantize {
   const uint16_t* values;
-  int64_t rows, cols;
-  int64_t group;
   uint8_t* codes;
   float* scales;
+  int64_t rows, cols, stride;
+  Fp8Granularity granularity;
+  int64_t group = 0;  // kPerGroup
   const float* static_scale = nullptr;
   uint32_t* amax_bits = nullptr;
+  RowGroups row_groups;
 };
 cudaError_t launch_quantize_fp8(const Fp8Quantize& quantize, cudaStream_t stream);
 
