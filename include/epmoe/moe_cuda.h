@@ -1,7 +1,7 @@
-// The MoE operator on an NVIDIA GPU (sm_90a), bf16 scheme. The same function as
-// moe_forward_cpu (include/epmoe/moe_cpu.h), computed without host synchronisation or
-// allocation: every buffer lives in a workspace the caller owns, so a CUDA graph can
-// capture the call and replay it on new inputs.
+// The MoE operator on an NVIDIA GPU (sm_90a), bf16 and the three fp8 schemes: the same
+// function as moe_forward_cpu (include/epmoe/moe_cpu.h), computed without host
+// synchronisation or allocation: every buffer lives in a workspace the caller owns, so a
+// CUDA graph can capture the call and replay it on new inputs.
 #pragma once
 
 #include <cstddef>
@@ -12,8 +12,9 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*
 
 namespace epmoe {
 
-// Bytes of workspace one call with these sizes needs (an upper bound over all routings).
-size_t moe_workspace_bytes(const MoeShape& shape);
+// Bytes of workspace one call with these sizes and this scheme needs (an upper bound over
+// all routings).
+size_t moe_workspace_bytes(const MoeSpec& spec, const MoeShape& shape);
 
 struct CudaWorkspace {
   void* data = nullptr;  // device memory, 256-byte aligned

@@ -141,7 +141,7 @@ Status workspace_bytes(const Call& call, size_t& bytes) {
   if (!shape.ok()) return shape.status();
   bytes = 0;
 #ifdef EPMOE_WITH_CUDA
-  if (device == Device::kCuda) bytes = moe_workspace_bytes(shape.value());
+  if (device == Device::kCuda) bytes = moe_workspace_bytes(call.spec, shape.value());
 #endif
   return {};
 }

@@ -39,7 +39,7 @@ Result<Buffer> moe_on_device(const MoeSpec& spec, const MoeWeights& device_weigh
   out_view.device = Device::kCuda;
   Result<MoeShape> shape = validate_moe(spec, device_weights, inputs, &out_view, Device::kCuda);
   if (!shape.ok()) return shape.status();
-  Result<DeviceBuffer> workspace = DeviceBuffer::allocate(moe_workspace_bytes(shape.value()));
+  Result<DeviceBuffer> workspace = DeviceBuffer::allocate(moe_workspace_bytes(spec, shape.value()));
   if (!workspace.ok()) return workspace.status();
   EPMOE_RETURN_IF_ERROR(
       moe_forward_cuda(spec, device_weights, inputs, out_view, {workspace->data(), workspace->bytes()}, nullptr));

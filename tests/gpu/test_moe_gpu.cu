@@ -1,7 +1,8 @@
 // The CUDA operator against the CPU operator on fresh random data: every preset's routing
 // at reduced sizes and at full hidden sizes, T in {1, 7, 64, 1000}, one rank of eight and a
-// single rank; outputs poisoned with NaN before each run; bitwise repeatable; skewed
-// routing; and a CUDA graph captured once and replayed on new inputs.
+// single rank, bf16 and the three fp8 schemes (against the CPU operator, which quantises
+// activations as the GPU does: 3e-2); outputs poisoned with NaN before each run; bitwise
+// repeatable; skewed routing; and a CUDA graph captured once and replayed on new inputs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -66,7 +67,7 @@ struct GpuRun {
     const Tensor& x = d.inputs.x;
     out = DeviceBuffer::allocate(x.nbytes()).value();
     out_view = Tensor::contiguous(out.data(), DType::kBF16, {x.size(0), x.size(1)}, Device::kCuda);
-    workspace = DeviceBuffer::allocate(moe_workspace_bytes(shape_of(d, out_view))).value();
+    workspace = DeviceBuffer::allocate(moe_workspace_bytes(d.spec, shape_of(d, out_view))).value();
   }
   Status run(const DeviceCase& d, cudaStream_t stream = nullptr) {
     if (cudaMemsetAsync(out.data(), 0xff, out.bytes(), stream) != cudaSuccess)  // bf16 0xffff is NaN
@@ -80,7 +81,8 @@ struct GpuRun {
   }
 };
 
-void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, const std::string& what) {
+void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, const std::string& what,
+                  double tolerance = 1e-2) {
   size_t unwritten = 0;
   for (double v : gpu) unwritten += std::isnan(v);
   EXPECT_EQ(unwritten, 0u) << what << ": output elements left unwritten (or NaN)";
@@ -90,7 +92,7 @@ void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu
     for (double v : gpu) ASSERT_EQ(v, 0.0) << what;
     return;
   }
-  EXPECT_LT(relative_error(gpu, cpu), 1e-2) << what;
+  EXPECT_LT(relative_error(gpu, cpu), tolerance) << what;
 }
 
 struct PresetCase {
@@ -140,6 +142,81 @@ INSTANTIATE_TEST_SUITE_P(Presets, GpuVsCpu, ::testing::ValuesIn(preset_cases()),
   name += std::to_string(info.param.ranks);
   return name;
 });
+
+struct Fp8Case {
+  std::string preset;
+  QuantScheme scheme;
+  int64_t tokens;
+  int ranks;
+  bool static_scales;  // fp8_tensor: the checkpoint's input / intermediate scales
+};
+
+class GpuFp8VsCpu : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(GpuFp8VsCpu, MatchesCpuOperatorAndWritesEveryElement) {
+  const Fp8Case c = GetParam();
+  const ModelPreset& preset = *find_preset(c.preset);
+  for (int rank : c.ranks == 1 ? std::vector<int>{0} : std::vector<int>{0, c.ranks - 1}) {
+    RandomCaseOptions options = preset_options(preset, c.tokens, false, c.ranks, rank);
+    options.spec.quant.scheme = c.scheme;
+    options.intermediate = 256;  // fp8_block: I divisible by 128
+    options.static_activation_scales = c.static_scales;
+    const MoeCase host = host_case(options);
+    Result<DeviceCase> device = upload(host);
+    ASSERT_TRUE(device.ok()) << device.status().message();
+    GpuRun gpu(device.value());
+    const Status status = gpu.run(device.value());
+    ASSERT_TRUE(status.ok()) << status.message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_close(gpu.result(), cpu_output(host),
+                 c.preset + " " + std::string(quant_scheme_name(c.scheme)) + " rank " + std::to_string(rank) +
+                     " seed " + std::to_string(options.seed),
+                 3e-2);
+  }
+}
+
+std::vector<Fp8Case> fp8_cases() {
+  std::vector<Fp8Case> cases;
+  for (const ModelPreset& preset : model_presets())
+    for (QuantScheme scheme : {QuantScheme::kFp8Tensor, QuantScheme::kFp8Channel, QuantScheme::kFp8Block})
+      for (int64_t tokens : {1, 7, 64, 1000})
+        for (int ranks : {1, 8}) cases.push_back({std::string(preset.name), scheme, tokens, ranks, false});
+  for (int64_t tokens : {7, 1000}) cases.push_back({"llama4-scout", QuantScheme::kFp8Tensor, tokens, 1, true});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, GpuFp8VsCpu, ::testing::ValuesIn(fp8_cases()), [](const auto& info) {
+  std::string name = info.param.preset + "_" + std::string(quant_scheme_name(info.param.scheme));
+  for (char& ch : name)
+    if (ch == '-') ch = '_';
+  return name + "_T" + std::to_string(info.param.tokens) + "_ep" + std::to_string(info.param.ranks) +
+         (info.param.static_scales ? "_static" : "");
+});
+
+TEST(GpuMoe, Fp8BlockRunsAreBitwiseIdentical) {
+  RandomCaseOptions options = preset_options(*find_preset("deepseek-v3"), 300, false, 1, 0);
+  options.spec.quant.scheme = QuantScheme::kFp8Block;
+  options.intermediate = 256;
+  const MoeCase host = host_case(options);
+  DeviceCase device = upload(host).value();
+  GpuRun gpu(device);
+  ASSERT_TRUE(gpu.run(device).ok());
+  const std::vector<double> first = gpu.result();
+  ASSERT_TRUE(gpu.run(device).ok());
+  EXPECT_EQ(gpu.result(), first);
+}
+
+TEST(GpuMoe, Fp8BlockAtFullHiddenSize) {
+  for (const char* name : {"deepseek-v3", "qwen3-235b-a22b"}) {
+    RandomCaseOptions options = preset_options(*find_preset(name), 7, true, 8, 0);
+    options.spec.quant.scheme = QuantScheme::kFp8Block;
+    const MoeCase host = host_case(options);
+    DeviceCase device = upload(host).value();
+    GpuRun gpu(device);
+    ASSERT_TRUE(gpu.run(device).ok());
+    expect_close(gpu.result(), cpu_output(host), std::string(name) + " fp8_block full size", 3e-2);
+  }
+}
 
 TEST(GpuMoe, EveryRoutingKindMatches) {
   for (RoutingKind kind : {RoutingKind::kSoftmaxTopk, RoutingKind::kTopkSoftmax, RoutingKind::kSigmoidTopk,

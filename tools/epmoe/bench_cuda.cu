@@ -225,7 +225,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     MoeWeights first_weights = weights_of(0);
     Result<MoeShape> shape = validate_moe(base.spec, first_weights, inputs[0], &out_view, Device::kCuda);
     if (!shape.ok()) return usage_error("bench", shape.status().to_string());
-    Result<DeviceBuffer> workspace = DeviceBuffer::allocate(moe_workspace_bytes(shape.value()));
+    Result<DeviceBuffer> workspace = DeviceBuffer::allocate(moe_workspace_bytes(base.spec, shape.value()));
     if (!workspace.ok()) return usage_error("bench", workspace.status().to_string());
 
     // One graph per (input set, weight copy) pairing of the rotation.

@@ -1,19 +1,25 @@
-// Grouped GEMM over the experts' row tiles, bf16 tensor cores (f32 accumulate), with the
-// gather of A rows and the gated activation fused.
+// Grouped GEMM over the experts' row tiles, bf16 or e4m3 tensor cores (f32 accumulate),
+// with the gather of A rows and the gated activation fused.
 //
 // Work: blockIdx.x = a row tile of PairLayout (one group = one expert, up to tile_rows
 // consecutive slots), blockIdx.y = a column tile. Tiles past tile_count exit at once, so
 // the grid is sized from an upper bound and the launch needs no host synchronisation.
 // Layout: A rows (activations, K-major) are gathered per slot through a_row_of_slot; B is
 // the expert's weight [N, K], K-major, so both operands are "K-contiguous" and a C tile is
-// sum_k A[m, k] B[n, k] (a TN GEMM). Tiles of A (rows x 64) and B (cols x 64) stream through
-// a STAGES-deep cp.async ring in shared memory, 16-byte chunks XOR-swizzled by row (the
-// 128-byte swizzle wgmma reads, and free of bank conflicts for ldmatrix).
+// sum_k A[m, k] B[n, k] (a TN GEMM). Tiles of A (rows x 128 bytes of K) and B (cols x 128
+// bytes) stream through a STAGES-deep cp.async ring in shared memory, 16-byte chunks
+// XOR-swizzled by row (the 128-byte swizzle wgmma reads, and free of bank conflicts for
+// ldmatrix). Everything up to the tensor-core instruction moves bytes, so bf16 (64 K per
+// stage) and e4m3 (128 K per stage) share it; only the instruction differs.
+// fp8: a stage's products go to a second accumulator, added to the first times the stage's
+// A and B scales (a stage is one 128-wide K block of fp8_block; per-channel and per-tensor
+// scales simply repeat), so every scheme is one kernel; the price is a completed wgmma group
+// per stage (no overlap of two groups) and no 128 x 256 tile.
 // Gated (GEMM1): the B tile interleaves gate and up rows in blocks of 8 (8 gate rows of
 // columns c..c+7, then the 8 up rows of the same columns), so each thread's accumulators
 // hold gate and up of the same output element, and act(gate) * up is written directly as
 // the bf16 intermediate: no extra pass over it.
-// Tensor cores: wgmma (sm_90a) for tiles of 64 x 128 and 128 x 256; mma.sync for the 16-row decode
+// Tensor cores: wgmma (sm_90a) for tiles of 64 x 128 and 128 x 256 (bf16); mma.sync for the 16-row decode
 // tile, where the weights stream once and bandwidth, not the instruction, is the bound.
 // Both keep their accumulators in the same fragment order, so one epilogue serves both.
 #include <cuda_bf16.h>
@@ -27,8 +33,16 @@ namespace epmoe::cuda {
 
 namespace {
 
-constexpr int kDepth = 64;            // K per pipeline stage: 128 bytes of bf16 per row
-constexpr int kChunksPerRow = kDepth / 8;  // 16-byte chunks
+constexpr int kRowBytes = 128;  // K bytes per pipeline stage and tile row: 64 bf16 or 128 e4m3
+constexpr int kChunksPerRow = kRowBytes / 16;  // 16-byte chunks
+constexpr int kStepsPerStage = kRowBytes / 32;  // tensor-core steps of 32 K bytes (k16 bf16, k32 e4m3)
+
+// The element type of A and B: its size, and the K elements one stage holds.
+template <bool kFp8>
+struct Operand {
+  static constexpr int kBytes = kFp8 ? 1 : 2;
+  static constexpr int kDepth = kRowBytes / kBytes;
+};
 
 enum class Instruction { kMmaSync, kWgmma };
 
@@ -44,9 +58,9 @@ struct Config {
   static constexpr int kThreads = WarpsM * WarpsN * 32;
   static constexpr int kWarpRows = Rows / WarpsM, kWarpCols = Cols / WarpsN;
   static constexpr int kMmaM = kWarpRows / 16, kMmaN = kWarpCols / 8;
-  static constexpr int kStageElements = (Rows + Cols) * kDepth;
+  static constexpr int kStageBytes = (Rows + Cols) * kRowBytes;
   // + 1 KiB to align the ring to the 1024-byte period of the 128-byte swizzle (wgmma needs it).
-  static constexpr size_t kSharedBytes = size_t{Stages} * kStageElements * sizeof(uint16_t) + 1024;
+  static constexpr size_t kSharedBytes = size_t{Stages} * kStageBytes + 1024;
   static_assert(kWarpRows % 16 == 0 && kWarpCols % 16 == 0, "warp tile must hold whole mma tiles and gate/up pairs");
   static_assert(Kind != Instruction::kWgmma || (WarpsN == 1 && kWarpRows == 16 && (Cols == 128 || Cols == 256)),
                 "wgmma configs: one warp per 16 rows, m64n128 or m64n256 per warpgroup");
@@ -62,15 +76,15 @@ __device__ uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
-// Element offset of (row, chunk) in a swizzled tile of 64-element rows.
-__device__ int swizzled(int row, int chunk) { return row * kDepth + ((chunk ^ (row & 7)) * 8); }
+// Byte offset of (row, 16-byte chunk) in a swizzled tile of 128-byte rows.
+__device__ int swizzled(int row, int chunk) { return row * kRowBytes + ((chunk ^ (row & 7)) * 16); }
 
-__device__ void copy_async(uint16_t* destination, const uint16_t* source, bool valid) {
+__device__ void copy_async(uint8_t* destination, const uint8_t* source, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(destination)), "l"(source),
                "r"(valid ? 16 : 0));
 }
 
-__device__ void ldmatrix_x4(uint32_t (&out)[4], const uint16_t* address) {
+__device__ void ldmatrix_x4(uint32_t (&out)[4], const uint8_t* address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
                : "r"(shared_address(address)));
@@ -84,10 +98,29 @@ __device__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// wgmma descriptor of a K-major bf16 tile with 64-element (128-byte) rows, 128-byte swizzle:
+// m16n8k32 e4m3: its fragments hold the same bytes of A and B as m16n8k16 bf16's (4 K
+// bytes per register at the same offsets), so the same ldmatrix loads feed both.
+__device__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <bool kFp8>
+__device__ void mma_step(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kFp8) {
+    mma_e4m3(c, a, b0, b1);
+  } else {
+    mma_bf16(c, a, b0, b1);
+  }
+}
+
+// wgmma descriptor of a K-major tile with 128-byte rows (bf16 or e4m3), 128-byte swizzle:
 // start address >> 4, leading offset 16 B (unused for this layout), stride 1024 B between
 // groups of 8 rows, layout type 1 (128B swizzle). The tile must be 1024-byte aligned.
-__device__ uint64_t wgmma_descriptor(const uint16_t* tile) {
+__device__ uint64_t wgmma_descriptor(const uint8_t* tile) {
   const uint64_t address = shared_address(tile);
   return ((address & 0x3ffff) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
@@ -99,80 +132,28 @@ __device__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
 }
 
-// d[j][q]: n8 block j of the warpgroup's m64n128 accumulator, in the mma.sync fragment order.
-__device__ void wgmma_m64n128k16(float (&d)[16][4], uint64_t a_descriptor, uint64_t b_descriptor) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "l"(a_descriptor), "l"(b_descriptor));
-}
+// The accumulator operands of one wgmma: d[j][q] is n8 block j in the mma.sync fragment
+// order; 16 blocks (m64n128) or 32 (m64n256).
+#define EPMOE_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define EPMOE_WG_D16(j) EPMOE_WG_D4(j), EPMOE_WG_D4(j + 1), EPMOE_WG_D4(j + 2), EPMOE_WG_D4(j + 3)
+#define EPMOE_WG_D64(j) EPMOE_WG_D16(j), EPMOE_WG_D16(j + 4), EPMOE_WG_D16(j + 8), EPMOE_WG_D16(j + 12)
+#define EPMOE_WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define EPMOE_WG_REGS128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
-__device__ void wgmma_m64n256k16(float (&d)[32][4], uint64_t a_descriptor, uint64_t b_descriptor) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
-        "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]),
-        "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
-        "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]),
-        "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
-        "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]),
-        "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
-        "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]),
-        "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
-        "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]),
-        "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
-        "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),
-        "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
-        "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]),
-        "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
-        "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]),
-        "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-      : "l"(a_descriptor), "l"(b_descriptor));
-}
-
-// One k16 step of the warpgroup's m64 x Cols tile.
-template <int Cols>
-__device__ void wgmma_step(float (&d)[Cols / 8][4], uint64_t a_descriptor, uint64_t b_descriptor) {
-  if constexpr (Cols == 128) {
-    wgmma_m64n128k16(d, a_descriptor, b_descriptor);
+// One 32-byte K step of the warpgroup's m64 x Cols tile: k16 of bf16 or k32 of e4m3 (fp8
+// has no transpose flags: both operands are K-major, as ours are).
+template <int Cols, bool kFp8>
+__device__ void wgmma_step(float (&d)[Cols / 8][4], uint64_t a, uint64_t b) {
+  static_assert(Cols == 128 || (Cols == 256 && !kFp8), "wgmma steps: bf16 m64n128 / m64n256, e4m3 m64n128");
+  if constexpr (Cols == 128 && !kFp8) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " EPMOE_WG_REGS64 ", %64, %65, 1, 1, 1, 0, 0;\n"
+                 : EPMOE_WG_D64(0) : "l"(a), "l"(b));
+  } else if constexpr (Cols == 128) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " EPMOE_WG_REGS64 ", %64, %65, 1, 1, 1;\n"
+                 : EPMOE_WG_D64(0) : "l"(a), "l"(b));
   } else {
-    wgmma_m64n256k16(d, a_descriptor, b_descriptor);
+    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " EPMOE_WG_REGS128 ", %128, %129, 1, 1, 1, 0, 0;\n"
+                 : EPMOE_WG_D64(0), EPMOE_WG_D64(16) : "l"(a), "l"(b));
   }
 }
 
@@ -186,11 +167,18 @@ __device__ void store_pair(uint16_t* destination, float first, float second) {
   *reinterpret_cast<__nv_bfloat162*>(destination) = packed;
 }
 
-template <typename Cfg, bool kGated>
+// Where the fp8 scales of row (or weight row) `n` of group `group` start; K tile k adds
+// k * k_stride.
+__device__ int32_t scale_index(const ScaleGrid& grid, int64_t n, int group) {
+  return static_cast<int32_t>((n / grid.block_n) * grid.row_stride + group * grid.group_stride);
+}
+
+template <typename Cfg, bool kGated, bool kFp8>
 __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups groups, PairLayout layout,
                                                                      Activation activation) {
+  using Op = Operand<kFp8>;
   extern __shared__ __align__(128) uint8_t shared_raw[];
-  uint16_t* shared_tiles = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* shared_tiles = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
   allow_successor();
   wait_for_predecessor();
   const int tile = blockIdx.x;
@@ -201,63 +189,66 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
   const bool shared = group == groups.local_experts;
   const int64_t N = shared ? groups.n_shared : groups.n;
   const int64_t K = shared ? groups.k_shared : groups.k;
-  const uint16_t* A = shared ? groups.a_shared : groups.a_routed;
-  const uint16_t* B = shared ? groups.b_shared : groups.b_routed + static_cast<int64_t>(group) * N * K;
+  const auto* A = static_cast<const uint8_t*>(shared ? groups.a_shared : groups.a_routed);
+  const auto* B = static_cast<const uint8_t*>(shared ? groups.b_shared : groups.b_routed) +
+                  (shared ? 0 : static_cast<int64_t>(group) * N * K * Op::kBytes);
   // Output columns of this tile: gated tiles produce Cols / 2 intermediate columns.
   const int64_t out_cols = kGated ? N / 2 : N;
   const int64_t first_col = static_cast<int64_t>(blockIdx.y) * (kGated ? Cfg::kCols / 2 : Cfg::kCols);
   if (first_col >= out_cols) return;
+  // The weight row behind column `col` of the tile (gated: gate and up rows interleaved by 8),
+  // or -1 past the matrix.
+  auto weight_row = [&](int col) -> int64_t {
+    if constexpr (kGated) {
+      const int64_t out = first_col + (col / 16) * 8 + col % 8;
+      return out < out_cols ? (col % 16 < 8 ? 0 : out_cols) + out : -1;
+    } else {
+      return first_col + col < N ? first_col + col : -1;
+    }
+  };
+  // The A row behind tile row `row`, or -1 past the group.
+  auto a_row = [&](int row) -> int64_t {
+    const int32_t slot = first_slot + row;
+    if (row >= Cfg::kRows || slot >= group_end) return -1;
+    return groups.a_row_of_slot ? groups.a_row_of_slot[slot] : slot;
+  };
 
   // The global rows this thread copies into each stage, fixed over the K loop.
   constexpr int kAChunks = Cfg::kRows * kChunksPerRow / Cfg::kThreads;
   constexpr int kBChunks = Cfg::kCols * kChunksPerRow / Cfg::kThreads;
   static_assert(kAChunks * Cfg::kThreads == Cfg::kRows * kChunksPerRow || Cfg::kRows * kChunksPerRow < Cfg::kThreads,
                 "A tile chunks must spread evenly over the threads");
-  const uint16_t* a_source[kAChunks > 0 ? kAChunks : 1];
-  const uint16_t* b_source[kBChunks];
+  const uint8_t* a_source[kAChunks > 0 ? kAChunks : 1];
+  const uint8_t* b_source[kBChunks];
   const int chunk = threadIdx.x % kChunksPerRow;
 #pragma unroll
   for (int i = 0; i < (kAChunks > 0 ? kAChunks : 1); ++i) {
-    const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
-    const int32_t slot = first_slot + row;
-    a_source[i] = nullptr;
-    if (row < Cfg::kRows && slot < group_end) {
-      const int64_t a_row = groups.a_row_of_slot ? groups.a_row_of_slot[slot] : slot;
-      a_source[i] = A + a_row * groups.a_stride + chunk * 8;
-    }
+    const int64_t row = a_row((threadIdx.x + i * Cfg::kThreads) / kChunksPerRow);
+    a_source[i] = row >= 0 ? A + row * groups.a_stride * Op::kBytes + chunk * 16 : nullptr;
   }
 #pragma unroll
   for (int i = 0; i < kBChunks; ++i) {
-    const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
-    int64_t b_row;
-    bool valid;
-    if constexpr (kGated) {
-      const int64_t col = first_col + (row / 16) * 8 + row % 8;  // the output column of this B row
-      b_row = (row % 16 < 8 ? 0 : out_cols) + col;
-      valid = col < out_cols;
-    } else {
-      b_row = first_col + row;
-      valid = b_row < N;
-    }
-    b_source[i] = valid ? B + b_row * K + chunk * 8 : nullptr;
+    const int64_t row = weight_row((threadIdx.x + i * Cfg::kThreads) / kChunksPerRow);
+    b_source[i] = row >= 0 ? B + row * K * Op::kBytes + chunk * 16 : nullptr;
   }
 
   auto load_stage = [&](int stage, int64_t k0) {
-    uint16_t* a_tile = shared_tiles + stage * Cfg::kStageElements;
-    uint16_t* b_tile = a_tile + Cfg::kRows * kDepth;
-    const bool k_valid = k0 + chunk * 8 < K;
+    uint8_t* a_tile = shared_tiles + stage * Cfg::kStageBytes;
+    uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
+    const bool k_valid = k0 + chunk * (16 / Op::kBytes) < K;
+    const int64_t k_offset = k0 * Op::kBytes;
 #pragma unroll
     for (int i = 0; i < (kAChunks > 0 ? kAChunks : 1); ++i) {
       const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
       if (row >= Cfg::kRows) continue;
       const bool valid = a_source[i] && k_valid;
-      copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + k0 : A, valid);
+      copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + k_offset : A, valid);
     }
 #pragma unroll
     for (int i = 0; i < kBChunks; ++i) {
       const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
       const bool valid = b_source[i] && k_valid;
-      copy_async(b_tile + swizzled(row, chunk), valid ? b_source[i] + k0 : B, valid);
+      copy_async(b_tile + swizzled(row, chunk), valid ? b_source[i] + k_offset : B, valid);
     }
   };
 
@@ -266,13 +257,68 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
   const int warp_col = (warp % Cfg::kWarpsN) * Cfg::kWarpCols;
   float acc[Cfg::kMmaM][Cfg::kMmaN][4] = {};
 
+  // fp8: each stage's products land in stage_acc and are added to acc times the stage's
+  // scales (a K tile is 128 elements, one scale block of fp8_block): value = code * scale.
+  // The scale indices of this thread's fragment rows and columns are fixed over the K loop.
+  float stage_acc[kFp8 ? Cfg::kMmaM : 1][kFp8 ? Cfg::kMmaN : 1][4];
+  int32_t a_scale_at[kFp8 ? Cfg::kMmaM : 1][2], b_scale_at[kFp8 ? Cfg::kMmaN : 1][2];  // scale grids are small
+  const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
+  const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int mi = 0; mi < Cfg::kMmaM; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        a_scale_at[mi][half] = scale_index(a_scales, max(a_row(warp_row + mi * 16 + lane / 4 + half * 8), int64_t{0}), group);
+#pragma unroll
+    for (int ni = 0; ni < Cfg::kMmaN; ++ni)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        b_scale_at[ni][j] = scale_index(b_scales, max(weight_row(warp_col + ni * 8 + (lane % 4) * 2 + j), int64_t{0}),
+                                        shared ? 0 : group);
+  }
+  auto clear_stage = [&] {
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int mi = 0; mi < Cfg::kMmaM; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < Cfg::kMmaN; ++ni)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) stage_acc[mi][ni][q] = 0.0f;
+    }
+  };
+  auto promote_stage = [&](int k_tile) {
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int mi = 0; mi < Cfg::kMmaM; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float a_scale = a_scales.scales[a_scale_at[mi][half] + k_tile * static_cast<int32_t>(a_scales.k_stride)];
+#pragma unroll
+          for (int ni = 0; ni < Cfg::kMmaN; ++ni)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+              acc[mi][ni][half * 2 + j] += stage_acc[mi][ni][half * 2 + j] *
+                                           (a_scale * b_scales.scales[b_scale_at[ni][j] + k_tile * static_cast<int32_t>(b_scales.k_stride)]);
+        }
+    }
+  };
+  // Where the tensor cores accumulate: straight into acc (bf16), or per stage (fp8).
+  auto& sums = *[&] {
+    if constexpr (kFp8) {
+      return &stage_acc;
+    } else {
+      return &acc;
+    }
+  }();
+
   // Split K (blockIdx.z of gridDim.z): this CTA sums K tiles [first_k_tile, + k_tiles).
-  const int all_k_tiles = static_cast<int>((K + kDepth - 1) / kDepth);
+  const int all_k_tiles = static_cast<int>((K + Op::kDepth - 1) / Op::kDepth);
   const int tiles_per_split = (all_k_tiles + static_cast<int>(gridDim.z) - 1) / static_cast<int>(gridDim.z);
   const int first_k_tile = static_cast<int>(blockIdx.z) * tiles_per_split;
   const int k_tiles = max(0, min(all_k_tiles - first_k_tile, tiles_per_split));
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, static_cast<int64_t>(first_k_tile + s) * kDepth);
+    if (s < k_tiles) load_stage(s, static_cast<int64_t>(first_k_tile + s) * Op::kDepth);
     asm volatile("cp.async.commit_group;\n");
   }
   if constexpr (Cfg::kInstruction == Instruction::kMmaSync) {
@@ -280,13 +326,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
       asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
       __syncthreads();
       const int next = kt + Cfg::kStages - 1;
-      if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(first_k_tile + next) * kDepth);
+      if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(first_k_tile + next) * Op::kDepth);
       asm volatile("cp.async.commit_group;\n");
 
-      const uint16_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageElements;
-      const uint16_t* b_tile = a_tile + Cfg::kRows * kDepth;
+      const uint8_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageBytes;
+      const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
+      clear_stage();
 #pragma unroll
-      for (int kk = 0; kk < kDepth / 16; ++kk) {
+      for (int kk = 0; kk < kStepsPerStage; ++kk) {
         uint32_t a_frag[Cfg::kMmaM][4];
 #pragma unroll
         for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
@@ -300,35 +347,43 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
           ldmatrix_x4(b_frag, b_tile + swizzled(row, kk * 2 + (lane / 8) % 2));
 #pragma unroll
           for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
-            mma_bf16(acc[mi][2 * np], a_frag[mi], b_frag[0], b_frag[1]);
-            mma_bf16(acc[mi][2 * np + 1], a_frag[mi], b_frag[2], b_frag[3]);
+            mma_step<kFp8>(sums[mi][2 * np], a_frag[mi], b_frag[0], b_frag[1]);
+            mma_step<kFp8>(sums[mi][2 * np + 1], a_frag[mi], b_frag[2], b_frag[3]);
           }
         }
       }
+      promote_stage(first_k_tile + kt);
     }
     asm volatile("cp.async.wait_group 0;\n");
   } else {
-    // Warpgroup g multiplies rows 64g..64g+63 of the A tile by the whole B tile. One wgmma
-    // group stays in flight while the next stage lands; a stage is refilled only after
-    // every warpgroup's wgmma on it has completed (wait_group 1, then the barrier).
+    // Warpgroup g multiplies rows 64g..64g+63 of the A tile by the whole B tile. bf16: one
+    // wgmma group stays in flight while the next stage lands; fp8: the stage's sums are
+    // needed for the promotion, so each group completes first. A stage is refilled only
+    // after every warpgroup's wgmma on it has completed (wait_group, then the barrier).
     const int warpgroup = warp / 4;
     for (int kt = 0; kt < k_tiles; ++kt) {
       asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async data -> tensor cores
       __syncthreads();
-      const uint16_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageElements;
-      const uint16_t* b_tile = a_tile + Cfg::kRows * kDepth;
-      const uint64_t a_descriptor = wgmma_descriptor(a_tile + warpgroup * 64 * kDepth);
+      const uint8_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageBytes;
+      const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
+      const uint64_t a_descriptor = wgmma_descriptor(a_tile + warpgroup * 64 * kRowBytes);
       const uint64_t b_descriptor = wgmma_descriptor(b_tile);
+      clear_stage();
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kDepth / 16; ++kk)  // +32 bytes along K inside the swizzle atom
-        wgmma_step<Cfg::kCols>(acc[0], a_descriptor + 2 * kk, b_descriptor + 2 * kk);
+      for (int kk = 0; kk < kStepsPerStage; ++kk)  // +32 bytes along K inside the swizzle atom
+        wgmma_step<Cfg::kCols, kFp8>(sums[0], a_descriptor + 2 * kk, b_descriptor + 2 * kk);
       wgmma_commit();
-      wgmma_wait<1>();
+      if constexpr (kFp8) {
+        wgmma_wait<0>();
+        promote_stage(first_k_tile + kt);
+      } else {
+        wgmma_wait<1>();
+      }
       __syncthreads();
       const int next = kt + Cfg::kStages - 1;
-      if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(first_k_tile + next) * kDepth);
+      if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(first_k_tile + next) * Op::kDepth);
       asm volatile("cp.async.commit_group;\n");
     }
     wgmma_wait<0>();
@@ -367,10 +422,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
   }
 }
 
-template <typename Cfg, bool kGated>
+template <typename Cfg, bool kGated, bool kFp8>
 cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
                           Activation activation, cudaStream_t stream) {
-  auto* kernel = grouped_gemm_kernel<Cfg, kGated>;
+  auto* kernel = grouped_gemm_kernel<Cfg, kGated, kFp8>;
   static const cudaError_t attribute_error = [&] {
     const cudaError_t error =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSharedBytes));
@@ -401,14 +456,16 @@ int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_
   if (tile_rows != DecodeConfig::kRows) return 1;  // larger tiles fill the GPU on their own
   const int64_t ctas = std::max<int64_t>(1, expected_row_tiles) * ((n + DecodeConfig::kCols - 1) / DecodeConfig::kCols);
   const int64_t wanted = (2 * multiprocessor_count() + ctas - 1) / ctas;
-  const int64_t most = std::max<int64_t>(1, k / (4 * kDepth));  // keep at least 4 K tiles per split
+  const int64_t most = std::max<int64_t>(1, k / (4 * Operand<false>::kDepth));  // at least 4 bf16 K tiles per split
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, std::min<int64_t>(most, kMaxKSplits)));
 }
 
-int choose_tile_rows(int64_t slots, int64_t groups) {
+int choose_tile_rows(int64_t slots, int64_t groups, bool fp8) {
   const int64_t rows_per_group = groups > 0 ? slots / groups : slots;
   if (rows_per_group <= DecodeConfig::kRows) return DecodeConfig::kRows;
-  if (rows_per_group <= 2 * MediumConfig::kRows) return MediumConfig::kRows;
+  // fp8 keeps a second accumulator per stage (the scale promotion): the 128 x 256 tile's
+  // registers would not hold both.
+  if (rows_per_group <= 2 * MediumConfig::kRows || fp8) return MediumConfig::kRows;
   return LargeConfig::kRows;
 }
 
@@ -416,8 +473,16 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
                                 Activation activation, int tile_rows, cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
   auto dispatch = [&]<typename Cfg>() {
-    return gated ? launch_config<Cfg, true>(groups, layout, max_tiles, activation, stream)
-                 : launch_config<Cfg, false>(groups, layout, max_tiles, activation, stream);
+    if (groups.fp8) {
+      if constexpr (Cfg::kRows == LargeConfig::kRows) {
+        return cudaErrorInvalidValue;  // choose_tile_rows never picks it for fp8
+      } else {
+        return gated ? launch_config<Cfg, true, true>(groups, layout, max_tiles, activation, stream)
+                     : launch_config<Cfg, false, true>(groups, layout, max_tiles, activation, stream);
+      }
+    }
+    return gated ? launch_config<Cfg, true, false>(groups, layout, max_tiles, activation, stream)
+                 : launch_config<Cfg, false, false>(groups, layout, max_tiles, activation, stream);
   };
   switch (tile_rows) {
     case DecodeConfig::kRows: return dispatch.template operator()<DecodeConfig>();

@@ -40,15 +40,22 @@ cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map
                        int64_t max_tiles, const PairLayout& layout, cudaStream_t stream);
 
 // grouped_gemm.cu. One grouped GEMM over the tiles of PairLayout: for each row tile of
-// group g and each column tile, C[slot, n] = sum_k A[row(slot), k] * B_g[n, k], bf16 in,
-// f32 accumulate, bf16 out. B_g is K-major ([N, K]).
+// group g and each column tile, C[slot, n] = sum_k A[row(slot), k] * B_g[n, k], bf16 or e4m3
+// in, f32 accumulate, bf16 out. B_g is K-major ([N, K]).
+// fp8 scales (value = code * scale) on a grid: the scale of row n (an A row after the
+// gather, or a weight row) of group g in K tile k (128 elements) is
+// scales[(n / block_n) * row_stride + k * k_stride + g * group_stride].
+struct ScaleGrid {
+  const float* scales = nullptr;
+  int64_t block_n = 1, row_stride = 0, k_stride = 0, group_stride = 0;
+};
 struct GemmGroups {
-  const uint16_t* a_routed;  // A of the local experts' groups [*, K]
-  const uint16_t* a_shared;  // A of the shared group [*, K_shared]
+  const void* a_routed;      // A of the local experts' groups [*, K]
+  const void* a_shared;      // A of the shared group [*, K_shared]
   const int32_t* a_row_of_slot;  // A row of each slot (gather), or null: row = slot
   int64_t a_stride;          // elements between rows of A
-  const uint16_t* b_routed;  // [local experts, N, K]
-  const uint16_t* b_shared;  // [N_shared, K_shared]
+  const void* b_routed;      // [local experts, N, K]
+  const void* b_shared;      // [N_shared, K_shared]
   int64_t n, k;              // of the local experts' B
   int64_t n_shared, k_shared;
   int local_experts;         // groups below this are local experts, the next one is shared
@@ -59,12 +66,15 @@ struct GemmGroups {
   int k_splits = 1;
   float* c_partial = nullptr;
   int64_t partial_stride = 0;
+  // e4m3 A and B (K a multiple of 16) with their scales; false: bf16.
+  bool fp8 = false;
+  ScaleGrid a_routed_scale, a_shared_scale, b_routed_scale, b_shared_scale;
 };
 // gated: B rows are [gate; up] (N = 2 I) and C[slot, i] = act(gate_i) * up_i, i < I.
 cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
                          Activation activation, int tile_rows, cudaStream_t stream);
 // The tile height launch_grouped_gemm works best with for this many slots per group.
-int choose_tile_rows(int64_t slots, int64_t groups);
+int choose_tile_rows(int64_t slots, int64_t groups, bool fp8);
 // How many ways to split K so that a small grid (decode: few experts, few tiles) still
 // gives every SM two CTAs of weights to stream; 1 unless the decode tile is in use.
 inline constexpr int kMaxKSplits = 8;

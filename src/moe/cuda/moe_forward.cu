@@ -1,6 +1,7 @@
 // The CUDA MoE operator: validation, the workspace layout, and the pipeline of DESIGN.md
 // (route, map and sort, GEMM1 + activation, GEMM2, combine) as one stream of launches with
-// no host synchronisation and no allocation.
+// no host synchronisation and no allocation. fp8 schemes quantise GEMM1's input and the
+// activated intermediate (bf16, then e4m3 codes and scales) before each e4m3 GEMM.
 #include <algorithm>
 #include <cstddef>
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "cuda_check.h"
 #include "epmoe/moe_cuda.h"
+#include "epmoe/quantize.h"
 #include "launchers.h"
 
 namespace epmoe {
@@ -15,6 +17,25 @@ namespace epmoe {
 namespace {
 
 constexpr size_t kAlignment = 256;
+
+// How a scheme quantises activations: per group of block_k, per row, or per tensor.
+cuda::Fp8Granularity activation_granularity(QuantScheme scheme) {
+  switch (scheme) {
+    case QuantScheme::kFp8Block: return cuda::Fp8Granularity::kPerGroup;
+    case QuantScheme::kFp8Channel: return cuda::Fp8Granularity::kPerRow;
+    default: return cuda::Fp8Granularity::kPerTensor;
+  }
+}
+
+// Scales of quantised activation rows [rows, stride] (fp8): how many, and their grid.
+int64_t activation_scale_count(const QuantSpec& quant, int64_t rows, int64_t stride, int64_t groups) {
+  switch (activation_granularity(quant.scheme)) {
+    case cuda::Fp8Granularity::kPerGroup: return rows * ((stride + quant.block_k - 1) / quant.block_k);
+    case cuda::Fp8Granularity::kPerRow: return rows;
+    case cuda::Fp8Granularity::kPerTensor: return groups;
+  }
+  return 0;
+}
 
 // Carves the workspace into the pipeline's buffers; with a null base it only measures.
 struct WorkspaceLayout {
@@ -25,18 +46,29 @@ struct WorkspaceLayout {
   uint16_t* intermediate;  // [slots, max(I, I_s)]
   uint16_t* pair_out;     // [slots, H]
   float* pair_out_partials;  // [k_splits, slots, H] when GEMM2 splits K
+  // fp8: e4m3 codes and scales of GEMM1's input (routed rows; and x for the shared experts
+  // when the routed rows are x * router weight) and of GEMM2's input.
+  uint8_t* x_codes;              // [T, H]
+  float* x_scales;
+  uint8_t* shared_x_codes;       // [T, H]
+  float* shared_x_scales;
+  uint8_t* intermediate_codes;   // [slots, max(I, I_s)]
+  float* intermediate_scales;
+  uint32_t* amax_bits;           // [groups] dynamic per-tensor amax
   int tile_rows = 0;
   int64_t max_tiles = 0;
   int64_t slots = 0;
   int k_splits = 1;
   size_t bytes = 0;
 
-  WorkspaceLayout(const MoeShape& s, void* base) {
+  WorkspaceLayout(const MoeSpec& spec, const MoeShape& s, void* base) {
     const bool shared = s.shared_intermediate > 0;
+    const bool fp8 = is_fp8(spec.quant.scheme);
     const int64_t pairs_count = s.tokens * s.top_k;
     const int64_t groups = s.num_local_experts + (shared ? 1 : 0);
+    const int64_t widest = std::max(s.intermediate, s.shared_intermediate);
     slots = pairs_count + (shared ? s.tokens : 0);
-    tile_rows = cuda::choose_tile_rows(slots, groups);
+    tile_rows = cuda::choose_tile_rows(slots, groups, fp8);
     max_tiles = cuda::max_row_tiles(slots, groups, tile_rows);
     k_splits = cuda::choose_k_splits(tile_rows, std::min(slots, groups), s.hidden, s.intermediate);
     auto* cursor = static_cast<std::byte*>(base);
@@ -55,9 +87,17 @@ struct WorkspaceLayout {
     take(pairs.tile_row, max_tiles);
     take(pairs.tile_count, 1);
     take(x_scaled, s.tokens * s.hidden);
-    take(intermediate, slots * std::max(s.intermediate, s.shared_intermediate));
+    take(intermediate, slots * widest);
     take(pair_out, slots * s.hidden);
     take(pair_out_partials, k_splits > 1 ? k_splits * slots * s.hidden : 0);
+    const bool second_input = fp8 && shared && spec.apply_router_weight_on_input;
+    take(x_codes, fp8 ? s.tokens * s.hidden : 0);
+    take(x_scales, fp8 ? activation_scale_count(spec.quant, s.tokens, s.hidden, 1) : 0);
+    take(shared_x_codes, second_input ? s.tokens * s.hidden : 0);
+    take(shared_x_scales, second_input ? activation_scale_count(spec.quant, s.tokens, s.hidden, 1) : 0);
+    take(intermediate_codes, fp8 ? slots * widest : 0);
+    take(intermediate_scales, fp8 ? activation_scale_count(spec.quant, slots, widest, groups) : 0);
+    take(amax_bits, fp8 ? groups : 0);
   }
 };
 
@@ -78,17 +118,20 @@ Status check_routing_limits(const RoutingSpec& routing) {
 // What the GPU path adds to validate_moe: its dtype, the kernels' limits and alignment.
 Status check_gpu_limits(const MoeSpec& spec, const MoeShape& shape, const MoeInputs& inputs,
                         const MoeWeights& weights, const CudaWorkspace& workspace, size_t needed) {
-  if (spec.quant.scheme != QuantScheme::kBf16)
-    return Status::unsupported("quant.scheme: the GPU operator computes bf16 so far, got " +
-                               std::string(quant_scheme_name(spec.quant.scheme)));
+  if (spec.quant.scheme == QuantScheme::kFp8Block && (spec.quant.block_n != 128 || spec.quant.block_k != 128))
+    return bad_argument("quant.block_n, quant.block_k", "128 x 128 blocks on the GPU (a K tile is one block)",
+                        std::to_string(spec.quant.block_n) + " x " + std::to_string(spec.quant.block_k));
   if (inputs.router_logits) EPMOE_RETURN_IF_ERROR(check_routing_limits(spec.routing));
   if (shape.top_k > cuda::kMaxTopK)
     return bad_argument("routing.top_k", "at most " + std::to_string(cuda::kMaxTopK) + " on the GPU",
                         std::to_string(shape.top_k));
+  const int64_t multiple = is_fp8(spec.quant.scheme) ? 16 : 8;  // elements per 16-byte piece
   for (const auto& [name, size] : {std::pair{"H", shape.hidden}, std::pair{"I", shape.intermediate},
                                    std::pair{"I_s", shape.shared_intermediate}})
-    if (size % 8 != 0)
-      return bad_argument(name, "a multiple of 8 on the GPU (rows move in 16-byte pieces)", std::to_string(size));
+    if (size % multiple != 0)
+      return bad_argument(name, "a multiple of " + std::to_string(multiple) + " on the GPU for " +
+                                    std::string(quant_scheme_name(spec.quant.scheme)) + " (rows move in 16-byte pieces)",
+                          std::to_string(size));
   for (const auto& [name, tensor] : {std::pair{"x", &inputs.x}, std::pair{"w13", &weights.w13}, std::pair{"w2", &weights.w2}})
     if (reinterpret_cast<uintptr_t>(tensor->data) % 16 != 0)
       return bad_argument(name, "16-byte aligned device memory", "an address off by " +
@@ -101,9 +144,55 @@ Status check_gpu_limits(const MoeSpec& spec, const MoeShape& shape, const MoeInp
   return {};
 }
 
+// Quantised activation rows: their codes and the grid of their scales for the GEMM.
+struct Fp8Input {
+  Status status;
+  const uint8_t* codes = nullptr;
+  cuda::ScaleGrid grid;
+};
+
+// values [rows, stride] bf16 (cols used per row, or as row_groups says) -> codes and scales
+// per the scheme; a static scale (fp8_tensor) when the checkpoint has one.
+Fp8Input quantize_input(const QuantSpec& quant, const uint16_t* values, int64_t rows, int64_t cols, int64_t stride,
+                        uint8_t* codes, float* scales, const std::optional<Tensor>& static_scale,
+                        const cuda::RowGroups& row_groups, uint32_t* amax_bits, cudaStream_t stream) {
+  cuda::Fp8Quantize q{values, codes, scales, rows, cols, stride, activation_granularity(quant.scheme)};
+  q.group = quant.block_k;
+  q.static_scale = static_scale ? static_scale->data_as<float>() : nullptr;
+  q.amax_bits = amax_bits;
+  q.row_groups = row_groups;
+  Fp8Input input{{}, codes, {scales}};
+  switch (q.granularity) {
+    case cuda::Fp8Granularity::kPerGroup:
+      input.grid.row_stride = (stride + quant.block_k - 1) / quant.block_k;
+      input.grid.k_stride = 1;  // a K tile is one group of 128
+      break;
+    case cuda::Fp8Granularity::kPerRow: input.grid.row_stride = 1; break;
+    case cuda::Fp8Granularity::kPerTensor:  // the static scale, or one per group of rows (expert), or one
+      if (q.static_scale) input.grid.scales = q.static_scale;
+      input.grid.group_stride = row_groups.offsets && !q.static_scale ? 1 : 0;
+      break;
+  }
+  const cudaError_t error = cuda::launch_quantize_fp8(q, stream);
+  if (error != cudaSuccess) input.status = Status(StatusCode::kInternal, std::string("launch_quantize_fp8: ") + cudaGetErrorString(error));
+  return input;
+}
+
+// The scale grid of a weight [E, n, k] (per_expert) or [n, k] as the checkpoint stores it.
+cuda::ScaleGrid weight_grid(const QuantSpec& quant, const std::optional<Tensor>& scale, int64_t n, int64_t k,
+                            bool per_expert) {
+  const Fp8Blocks blocks = weight_scale_blocks(quant, n, k);
+  cuda::ScaleGrid grid{scale->data_as<float>(), blocks.block_rows, blocks.scale_cols()};
+  grid.k_stride = blocks.block_cols < k ? 1 : 0;  // fp8_block: one scale column per K tile of 128
+  grid.group_stride = per_expert ? blocks.scale_rows() * blocks.scale_cols() : 0;
+  return grid;
+}
+
 }  // namespace
 
-size_t moe_workspace_bytes(const MoeShape& shape) { return WorkspaceLayout(shape, nullptr).bytes; }
+size_t moe_workspace_bytes(const MoeSpec& spec, const MoeShape& shape) {
+  return WorkspaceLayout(spec, shape, nullptr).bytes;
+}
 
 Status route_cuda(const RoutingSpec& routing, const Tensor& router_logits, const std::optional<Tensor>& correction_bias,
                   const Tensor& topk_ids, const Tensor& topk_weights, CUstream_st* stream) {
@@ -121,7 +210,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   Result<MoeShape> validated = validate_moe(spec, weights, inputs, &out, Device::kCuda);
   if (!validated.ok()) return validated.status();
   const MoeShape& s = validated.value();
-  const WorkspaceLayout layout(s, workspace.data);
+  const WorkspaceLayout layout(spec, s, workspace.data);
   EPMOE_RETURN_IF_ERROR(check_gpu_limits(spec, s, inputs, weights, workspace, layout.bytes));
   if (s.tokens == 0) return {};
 
@@ -149,13 +238,15 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   }
 
   const int64_t widest = std::max(s.intermediate, s.shared_intermediate);
+  const bool fp8 = is_fp8(spec.quant.scheme);
+  const int groups = static_cast<int>(s.num_local_experts) + (shared ? 1 : 0);
   cuda::GemmGroups gemm1{};
   gemm1.a_routed = routed_input;
   gemm1.a_shared = x;
   gemm1.a_row_of_slot = layout.pairs.slot_token;
   gemm1.a_stride = s.hidden;
-  gemm1.b_routed = weights.w13.data_as<uint16_t>();
-  gemm1.b_shared = shared ? weights.shared_w13->data_as<uint16_t>() : nullptr;
+  gemm1.b_routed = weights.w13.data;
+  gemm1.b_shared = shared ? weights.shared_w13->data : nullptr;
   gemm1.n = 2 * s.intermediate;
   gemm1.k = s.hidden;
   gemm1.n_shared = 2 * s.shared_intermediate;
@@ -163,6 +254,24 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm1.local_experts = static_cast<int>(s.num_local_experts);
   gemm1.c = layout.intermediate;
   gemm1.c_stride = widest;
+  if (fp8) {
+    const Fp8Input routed = quantize_input(spec.quant, routed_input, s.tokens, s.hidden, s.hidden, layout.x_codes,
+                                           layout.x_scales, weights.input_scale, {}, layout.amax_bits, stream);
+    EPMOE_RETURN_IF_ERROR(routed.status);
+    Fp8Input shared_input = routed;
+    if (layout.shared_x_codes) {  // the shared experts take x itself
+      shared_input = quantize_input(spec.quant, x, s.tokens, s.hidden, s.hidden, layout.shared_x_codes,
+                                    layout.shared_x_scales, weights.input_scale, {}, layout.amax_bits, stream);
+      EPMOE_RETURN_IF_ERROR(shared_input.status);
+    }
+    gemm1.fp8 = true;
+    gemm1.a_routed = layout.x_codes;
+    gemm1.a_shared = shared_input.codes;
+    gemm1.a_routed_scale = routed.grid;
+    gemm1.a_shared_scale = shared_input.grid;
+    gemm1.b_routed_scale = weight_grid(spec.quant, weights.w13_scale, gemm1.n, gemm1.k, true);
+    if (shared) gemm1.b_shared_scale = weight_grid(spec.quant, weights.shared_w13_scale, gemm1.n_shared, gemm1.k, false);
+  }
   CUDA_CHECK(cuda::launch_grouped_gemm(gemm1, layout.pairs, layout.max_tiles, /*gated=*/true, spec.activation,
                                        layout.tile_rows, stream));
 
@@ -170,8 +279,8 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm2.a_routed = layout.intermediate;
   gemm2.a_shared = layout.intermediate;
   gemm2.a_stride = widest;
-  gemm2.b_routed = weights.w2.data_as<uint16_t>();
-  gemm2.b_shared = shared ? weights.shared_w2->data_as<uint16_t>() : nullptr;
+  gemm2.b_routed = weights.w2.data;
+  gemm2.b_shared = shared ? weights.shared_w2->data : nullptr;
   gemm2.n = s.hidden;
   gemm2.k = s.intermediate;
   gemm2.n_shared = shared ? s.hidden : 0;
@@ -183,6 +292,21 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
     gemm2.k_splits = layout.k_splits;
     gemm2.c_partial = layout.pair_out_partials;
     gemm2.partial_stride = layout.slots * s.hidden;
+  }
+  if (fp8) {
+    // The activated intermediate, rows grouped by expert (per tensor: one scale per expert).
+    const cuda::RowGroups row_groups{layout.pairs.group_offsets, groups, shared ? groups - 1 : -1,
+                                     s.shared_intermediate};
+    const Fp8Input intermediate =
+        quantize_input(spec.quant, layout.intermediate, layout.slots, s.intermediate, widest, layout.intermediate_codes,
+                       layout.intermediate_scales, weights.intermediate_scale, row_groups, layout.amax_bits, stream);
+    EPMOE_RETURN_IF_ERROR(intermediate.status);
+    gemm2.fp8 = true;
+    gemm2.a_routed = gemm2.a_shared = layout.intermediate_codes;
+    gemm2.a_routed_scale = gemm2.a_shared_scale = intermediate.grid;
+    gemm2.b_routed_scale = weight_grid(spec.quant, weights.w2_scale, gemm2.n, gemm2.k, true);
+    if (shared)
+      gemm2.b_shared_scale = weight_grid(spec.quant, weights.shared_w2_scale, gemm2.n_shared, gemm2.k_shared, false);
   }
   CUDA_CHECK(cuda::launch_grouped_gemm(gemm2, layout.pairs, layout.max_tiles, /*gated=*/false, spec.activation,
                                        layout.tile_rows, stream));
