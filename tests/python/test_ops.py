@@ -200,14 +200,11 @@ def test_fused_experts_fp8(device, quant):
     x = torch.randn(T, H, device=device).bfloat16()
     w1, w2, s1, s2, w1f, w2f = make_weights(E, H, I, quant, device)
     weights, ids = epmoe.route(torch.randn(T, E, device=device), "softmax_topk", k)
-    call = lambda: epmoe.fused_experts(x, w1, w2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2,  # noqa: E731
-                                       block_shape=[128, 128] if quant == "fp8_block" else None)
-    if device == "cuda":
-        with pytest.raises(NotImplementedError, match="bf16 so far"):  # the fp8 GPU kernels: issue 4
-            call()
-        return
+    out = epmoe.fused_experts(x, w1, w2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2,
+                              block_shape=[128, 128] if quant == "fp8_block" else None)
+    assert not torch.isnan(out).any()
     expected = reference_moe(x, w1f, w2f, weights, ids, quant=quant)
-    assert rel_error(call(), expected) < 3e-2
+    assert rel_error(out, expected) < 3e-2
 
 
 def test_replaces_a_pytorch_moe_block():
