@@ -1,12 +1,15 @@
 // epmoe bench --device cuda. Measures the device's two ceilings at start (a 2 GiB
-// device-to-device copy, bytes read + written; an 8192^3 bf16 cuBLAS GEMM on random data),
-// fills rank 0's local experts with random bf16 weights on the device, and for each T times
+// device-to-device copy, bytes read + written; an 8192^3 bf16 cuBLAS GEMM on random data,
+// or for fp8 schemes an 8192^3 e4m3 cuBLASLt GEMM), fills rank 0's local experts with random
+// weights (bf16, or e4m3 codes with their scales) on the device, and for each T times
 // CUDA-graph replays of the operator with CUDA events (queued back to back, so the host's
 // launch cost is not in the figure), rotating over several input sets
 // (and, where the weights are small, several weight copies) so no run finds the previous
 // run's weights in L2. Prints the median beside the floor of DESIGN.md.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include "epmoe/device_case.h"
 #include "epmoe/moe_cpu.h"
 #include "epmoe/moe_cuda.h"
+#include "epmoe/quantize.h"
 
 namespace epmoe::cli {
 
@@ -33,22 +37,39 @@ namespace {
       return usage_error("bench", std::string(#expr) + " failed with code " + std::to_string(static_cast<int>(bench_status_))); \
   } while (0)
 
-// Uniform bf16 in [-scale * sqrt(3), scale * sqrt(3)) from a counter hash: unit variance * scale.
-__global__ void fill_random_bf16(uint16_t* data, int64_t count, uint64_t seed, float scale) {
+// Uniform values in [-scale * sqrt(3), scale * sqrt(3)) from a counter hash (unit variance *
+// scale), stored as bf16, or as e4m3 codes (saturating).
+template <typename Element>
+__global__ void fill_random(Element* data, int64_t count, uint64_t seed, float scale) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint64_t z = seed + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(i) + 1);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
-    const float uniform = static_cast<float>(z >> 40) * 0x1p-24f * 2.0f - 1.0f;
-    data[i] = __bfloat16_as_ushort(__float2bfloat16_rn(uniform * 1.7320508f * scale));
+    const float value = (static_cast<float>(z >> 40) * 0x1p-24f * 2.0f - 1.0f) * 1.7320508f * scale;
+    if constexpr (sizeof(Element) == 2) {
+      data[i] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
+    } else {
+      data[i] = __nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3);
+    }
   }
 }
 
 cudaError_t fill(void* data, int64_t count, uint64_t seed, float scale) {
-  fill_random_bf16<<<1024, 256>>>(static_cast<uint16_t*>(data), count, seed, scale);
+  fill_random<<<1024, 256>>>(static_cast<uint16_t*>(data), count, seed, scale);
   return cudaGetLastError();
+}
+
+cudaError_t fill_fp8(void* data, int64_t count, uint64_t seed, float scale) {
+  fill_random<<<1024, 256>>>(static_cast<uint8_t*>(data), count, seed, scale);
+  return cudaGetLastError();
+}
+
+__global__ void fill_constant(float* data, int64_t count, float value) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    data[i] = value;
 }
 
 struct DeviceCeilings {
@@ -111,6 +132,46 @@ Result<DeviceCeilings> measure_ceilings() {
   return ceilings;
 }
 
+// The e4m3 tensor rate: an 8192^3 cuBLASLt GEMM (A^T B, both K-major e4m3, f32 accumulate,
+// bf16 out) on random codes.
+Result<double> measure_fp8_flops() {
+  constexpr int kN = 8192;
+  constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+  Result<DeviceBuffer> a = DeviceBuffer::allocate(size_t{kN} * kN), b = DeviceBuffer::allocate(size_t{kN} * kN),
+                       c = DeviceBuffer::allocate(size_t{kN} * kN * 2), workspace = DeviceBuffer::allocate(kWorkspaceBytes);
+  if (!a.ok() || !b.ok() || !c.ok() || !workspace.ok()) return Status(StatusCode::kOutOfMemory, "fp8 GEMM ceiling buffers");
+  if (fill_fp8(a->data(), int64_t{kN} * kN, 13, 8.0f) != cudaSuccess || fill_fp8(b->data(), int64_t{kN} * kN, 14, 8.0f) != cudaSuccess)
+    return Status::io_error("fill failed");
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulDesc_t operation = nullptr;
+  cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, c_layout = nullptr;
+  const cublasOperation_t transpose = CUBLAS_OP_T, plain = CUBLAS_OP_N;
+  cublasStatus_t status = cublasLtCreate(&handle);
+  if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatmulDescCreate(&operation, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulDescSetAttribute(operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulDescSetAttribute(operation, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof(plain));
+  if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_8F_E4M3, kN, kN, kN);
+  if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_8F_E4M3, kN, kN, kN);
+  if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatrixLayoutCreate(&c_layout, CUDA_R_16BF, kN, kN, kN);
+  const float alpha = 1.0f, beta = 0.0f;
+  auto gemm = [&](int) {
+    if (status != CUBLAS_STATUS_SUCCESS) return;
+    status = cublasLtMatmul(handle, operation, &alpha, a->data(), a_layout, b->data(), b_layout, &beta, c->data(),
+                            c_layout, c->data(), c_layout, nullptr, workspace->data(), kWorkspaceBytes, nullptr);
+  };
+  for (int i = 0; i < 3; ++i) gemm(i);
+  const float gemm_ms = median_ms(10, gemm);
+  for (cublasLtMatrixLayout_t layout : {a_layout, b_layout, c_layout})
+    if (layout) cublasLtMatrixLayoutDestroy(layout);
+  if (operation) cublasLtMatmulDescDestroy(operation);
+  if (handle) cublasLtDestroy(handle);
+  if (status != CUBLAS_STATUS_SUCCESS)
+    return Status::io_error("cuBLASLt e4m3 GEMM failed with status " + std::to_string(static_cast<int>(status)));
+  return 2.0 * kN * kN * double{kN} / (gemm_ms * 1e-3);
+}
+
 }  // namespace
 
 bool cuda_device_present() {
@@ -121,19 +182,40 @@ bool cuda_device_present() {
 int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts, int iterations,
                const std::string& json_path) {
   const RandomCaseOptions& base = problem.options;
-  if (base.spec.quant.scheme != QuantScheme::kBf16 || base.activation_dtype != DType::kBF16)
-    return usage_error("bench", "the GPU computes bf16 so far: add --quant bf16 (and --dtype bf16)");
+  if (base.activation_dtype != DType::kBF16)
+    return usage_error("bench", "the GPU takes bf16 activations: add --dtype bf16");
+  const QuantSpec& quant = base.spec.quant;
+  const bool fp8 = is_fp8(quant.scheme);
   cudaDeviceProp properties{};
   BENCH_CHECK(cudaGetDeviceProperties(&properties, 0));
   Result<DeviceCeilings> ceilings = measure_ceilings();
   if (!ceilings.ok()) return usage_error("bench", ceilings.status().to_string());
+  const double bf16_flops_per_second = ceilings->flops_per_second;
+  if (fp8) {  // the floor of an fp8 layer is set by the fp8 tensor rate
+    Result<double> fp8_rate = measure_fp8_flops();
+    if (!fp8_rate.ok()) return usage_error("bench", fp8_rate.status().to_string());
+    ceilings->flops_per_second = fp8_rate.value();
+  }
 
   const int E = base.spec.routing.num_experts;
   const ExpertMap owned = ExpertMap::build(base.placement, E, base.num_ranks, 0).value();
   const int64_t H = base.hidden, I = base.intermediate, Is = base.shared_intermediate;
   const int64_t E_local = owned.num_local();
   const int64_t weight_elements = E_local * 3 * H * I + 3 * H * Is;
-  const double weight_bytes = 2.0 * static_cast<double>(weight_elements);
+  const int64_t element_bytes = fp8 ? 1 : 2;
+  // fp8: the scale tensors follow the codes, in the checkpoint's layout of the scheme.
+  auto scale_count = [&](std::optional<int64_t> experts, int64_t n, int64_t k) {
+    int64_t count = 1;
+    for (int64_t extent : weight_scale_shape(quant, experts, n, k)) count *= extent;
+    return fp8 ? count : 0;
+  };
+  const int64_t scale_counts[4] = {scale_count(E_local, 2 * I, H), scale_count(E_local, H, I),
+                                   Is > 0 ? scale_count(std::nullopt, 2 * Is, H) : 0,
+                                   Is > 0 ? scale_count(std::nullopt, H, Is) : 0};
+  int64_t scale_elements = 0;
+  for (int64_t count : scale_counts) scale_elements += (count + 63) / 64 * 64;  // 256-byte aligned pieces
+  const int64_t code_bytes = (weight_elements * element_bytes + 255) / 256 * 256;
+  const double weight_bytes = static_cast<double>(code_bytes + scale_elements * 4);
   // Enough weight copies that a rotation spans 4x the L2, within a third of the memory.
   size_t free_bytes = 0, total_bytes = 0;
   BENCH_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -143,28 +225,52 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
   if (weight_bytes > free_bytes * 0.8)
     return usage_error("bench", "the rank's weights need " + std::to_string(weight_bytes / (1 << 30)) +
                                     " GiB, more than the device has free; use --ep");
+  // Weights of unit variance / sqrt(K); fp8 codes spread over the e4m3 range (x 64), their
+  // scales 1/64 bring them back.
+  const float code_range = fp8 ? 64.0f : 1.0f;
+  auto fill_weights = [&](void* data, int64_t count, uint64_t seed, float scale) {
+    return fp8 ? fill_fp8(data, count, seed, scale * code_range) : fill(data, count, seed, scale);
+  };
   std::vector<DeviceBuffer> weight_sets;
   for (int copy = 0; copy < copies; ++copy) {
     Result<DeviceBuffer> buffer = DeviceBuffer::allocate(static_cast<size_t>(weight_bytes));
     if (!buffer.ok()) return usage_error("bench", buffer.status().to_string());
-    auto* w = static_cast<uint16_t*>(buffer->data());
-    BENCH_CHECK(fill(w, E_local * 2 * I * H + 2 * Is * H, 100 + copy, 1.0f / std::sqrt(static_cast<float>(H))));
-    BENCH_CHECK(fill(w + E_local * 2 * I * H + 2 * Is * H, E_local * H * I + H * Is, 200 + copy,
-                     1.0f / std::sqrt(static_cast<float>(I))));
+    auto* w = static_cast<uint8_t*>(buffer->data());
+    BENCH_CHECK(fill_weights(w, E_local * 2 * I * H + 2 * Is * H, 100 + copy, 1.0f / std::sqrt(static_cast<float>(H))));
+    BENCH_CHECK(fill_weights(w + (E_local * 2 * I * H + 2 * Is * H) * element_bytes, E_local * H * I + H * Is, 200 + copy,
+                             1.0f / std::sqrt(static_cast<float>(I))));
+    if (fp8) {
+      fill_constant<<<256, 256>>>(reinterpret_cast<float*>(w + code_bytes), scale_elements, 1.0f / code_range);
+      BENCH_CHECK(cudaGetLastError());
+    }
     weight_sets.push_back(std::move(buffer).value());
   }
   auto weights_of = [&](int copy) {
-    auto* base_pointer = static_cast<uint16_t*>(weight_sets[copy].data());
+    auto* next = static_cast<uint8_t*>(weight_sets[copy].data());
+    const DType dtype = fp8 ? DType::kFP8E4M3 : DType::kBF16;
+    auto take = [&](std::initializer_list<int64_t> shape) {
+      const Tensor tensor = Tensor::contiguous(next, dtype, shape, Device::kCuda);
+      next += tensor.nbytes();
+      return tensor;
+    };
     MoeWeights w;
-    w.w13 = Tensor::contiguous(base_pointer, DType::kBF16, {E_local, 2 * I, H}, Device::kCuda);
-    uint16_t* next = base_pointer + E_local * 2 * I * H;
+    w.w13 = take({E_local, 2 * I, H});
+    if (Is > 0) w.shared_w13 = take({2 * Is, H});
+    w.w2 = take({E_local, H, I});
+    if (Is > 0) w.shared_w2 = take({H, Is});
+    if (!fp8) return w;
+    auto* scales = reinterpret_cast<float*>(static_cast<uint8_t*>(weight_sets[copy].data()) + code_bytes);
+    auto take_scale = [&](int which, std::optional<int64_t> experts, int64_t n, int64_t k) {
+      const Tensor tensor = Tensor::contiguous(scales, DType::kF32, weight_scale_shape(quant, experts, n, k), Device::kCuda);
+      scales += (scale_counts[which] + 63) / 64 * 64;
+      return tensor;
+    };
+    w.w13_scale = take_scale(0, E_local, 2 * I, H);
+    w.w2_scale = take_scale(1, E_local, H, I);
     if (Is > 0) {
-      w.shared_w13 = Tensor::contiguous(next, DType::kBF16, {2 * Is, H}, Device::kCuda);
-      next += 2 * Is * H;
+      w.shared_w13_scale = take_scale(2, std::nullopt, 2 * Is, H);
+      w.shared_w2_scale = take_scale(3, std::nullopt, H, Is);
     }
-    w.w2 = Tensor::contiguous(next, DType::kBF16, {E_local, H, I}, Device::kCuda);
-    next += E_local * H * I;
-    if (Is > 0) w.shared_w2 = Tensor::contiguous(next, DType::kBF16, {H, Is}, Device::kCuda);
     return w;
   };
   Result<DeviceBuffer> map_buffer = DeviceBuffer::allocate(E * sizeof(int32_t));
@@ -174,8 +280,10 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
   std::printf("bench %s, rank 0's share, %s (%d SMs, %d MB L2), %d weight cop%s of %.2f GiB\n",
               describe(problem).c_str(), properties.name, properties.multiProcessorCount,
               properties.l2CacheSize >> 20, copies, copies == 1 ? "y" : "ies", weight_bytes / (1 << 30));
-  std::printf("ceilings: copy %.2f TB/s, bf16 GEMM %.0f TFLOP/s\n", ceilings->bytes_per_second / 1e12,
-              ceilings->flops_per_second / 1e12);
+  std::printf("ceilings: copy %.2f TB/s, bf16 GEMM %.0f TFLOP/s", ceilings->bytes_per_second / 1e12,
+              bf16_flops_per_second / 1e12);
+  if (fp8) std::printf(", e4m3 GEMM %.0f TFLOP/s (the floor's)", ceilings->flops_per_second / 1e12);
+  std::printf("\n");
   std::printf("%7s %8s %8s %11s %8s %9s %11s %7s %6s\n", "T", "pairs", "experts", "time us", "TB/s", "TFLOP/s",
               "floor us", "ratio", "bound");
   nlohmann::json results = nlohmann::json::array();
@@ -298,7 +406,9 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
         {"problem", describe(problem)},
         {"model", std::string(problem.preset->name)},
         {"ep", base.num_ranks},
-        {"ceilings", {{"bytes_per_second", ceilings->bytes_per_second}, {"flops_per_second", ceilings->flops_per_second}}},
+        {"quant", std::string(quant_scheme_name(quant.scheme))},
+        {"ceilings", {{"bytes_per_second", ceilings->bytes_per_second}, {"flops_per_second", ceilings->flops_per_second},
+                      {"bf16_flops_per_second", bf16_flops_per_second}}},
         {"results", results}};
     std::ofstream file(json_path);
     file << document.dump(2) << "\n";
