@@ -9,6 +9,8 @@
 #include <cmath>
 #include <random>
 
+#include "../checkpoint_test_util.h"
+#include "epmoe/checkpoint_layer.h"
 #include "epmoe/device_case.h"
 #include "epmoe/moe_cpu.h"
 #include "epmoe/moe_cuda.h"
@@ -216,6 +218,34 @@ TEST(GpuMoe, Fp8BlockAtFullHiddenSize) {
     ASSERT_TRUE(gpu.run(device).ok());
     expect_close(gpu.result(), cpu_output(host), std::string(name) + " fp8_block full size", 3e-2);
   }
+}
+
+TEST(GpuMoe, DeepSeekStyleFp8CheckpointLayerRuns) {
+  // The layer as the checkpoint stores it (weight + weight_scale_inv per expert), read by
+  // load_checkpoint_layer, run on the GPU against the CPU operator.
+  const testing::CheckpointFixture checkpoint(fresh_seed());
+  const SafetensorsFile file = checkpoint.file();
+  const MoeSpec spec = testing::CheckpointFixture::spec();
+  const ExpertMap owned = ExpertMap::build(Placement::kLinear, testing::CheckpointFixture::kExperts, 2, 1).value();
+  Result<CheckpointLayer> layer = load_checkpoint_layer(file, checkpoint.prefix, spec, owned);
+  ASSERT_TRUE(layer.ok()) << layer.status().message();
+  const int64_t T = 45, H = testing::CheckpointFixture::kHidden, E = testing::CheckpointFixture::kExperts;
+  Buffer x(DType::kBF16, {T, H}), logits(DType::kF32, {T, E});
+  std::mt19937_64 rng(fresh_seed());
+  std::normal_distribution<float> normal;
+  for (int64_t i = 0; i < T * H; ++i) x.data_as<uint16_t>()[i] = f32_to_bf16(normal(rng));
+  for (int64_t i = 0; i < T * E; ++i) logits.data_as<float>()[i] = normal(rng);
+  MoeCase host;
+  host.spec = spec;
+  host.weights = layer->weights;
+  host.inputs.x = x.view();
+  host.inputs.router_logits = logits.view();
+  host.inputs.correction_bias = layer->correction_bias;
+  host.inputs.expert_map = owned.view();
+  DeviceCase device = upload(host).value();
+  GpuRun gpu(device);
+  ASSERT_TRUE(gpu.run(device).ok());
+  expect_close(gpu.result(), cpu_output(host), "checkpoint layer", 3e-2);
 }
 
 TEST(GpuMoe, EveryRoutingKindMatches) {
