@@ -17,6 +17,11 @@ def _describe(tensor):
     return f"{str(tensor.dtype).replace('torch.', '')} {list(tensor.shape)} on {tensor.device}"
 
 
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+
+
 def _check_tensor(name, tensor, dtypes, shape=None, device=None):
     """Type, dtype, device, shape (None entries match anything) and contiguity of one argument."""
     if not isinstance(tensor, torch.Tensor):
@@ -90,10 +95,8 @@ def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, *, activation="
     "fp8_channel" or "fp8_block" (block_shape [128, 128]); a1_scale / a2_scale: static
     activation scales of fp8_tensor. Returns out [T, H] (a new tensor unless `out` is given).
     """
-    if quant not in _QUANT_SCHEMES:
-        raise ValueError(f"quant: expected one of {', '.join(_QUANT_SCHEMES)}, got {quant!r}")
-    if activation not in ("silu", "gelu"):
-        raise ValueError(f"activation: expected 'silu' or 'gelu', got {activation!r}")
+    _check_choice("quant", quant, _QUANT_SCHEMES)
+    _check_choice("activation", activation, ("silu", "gelu"))
     _check_tensor("hidden_states", hidden_states, (torch.bfloat16, torch.float32), (None, None))
     device = hidden_states.device
     T, H = hidden_states.shape
@@ -155,10 +158,8 @@ def route(router_logits, kind, k, *, renormalize=False, num_expert_group=1, topk
     "sigmoid_topk" (Llama-4), "grouped_topk" (DeepSeek: vLLM's grouped_topk with
     num_expert_group, topk_group, scoring_func, routed_scaling_factor, e_score_correction_bias).
     """
-    if kind not in _ROUTING_KINDS:
-        raise ValueError(f"kind: expected one of {', '.join(_ROUTING_KINDS)}, got {kind!r}")
-    if scoring_func not in ("softmax", "sigmoid"):
-        raise ValueError(f"scoring_func: expected 'softmax' or 'sigmoid', got {scoring_func!r}")
+    _check_choice("kind", kind, _ROUTING_KINDS)
+    _check_choice("scoring_func", scoring_func, ("softmax", "sigmoid"))
     _check_tensor("router_logits", router_logits, (torch.float32, torch.bfloat16), (None, None))
     device = router_logits.device
     T, E = router_logits.shape

@@ -195,19 +195,6 @@ INSTANTIATE_TEST_SUITE_P(Presets, GpuFp8VsCpu, ::testing::ValuesIn(fp8_cases()),
          (info.param.static_scales ? "_static" : "");
 });
 
-TEST(GpuMoe, Fp8BlockRunsAreBitwiseIdentical) {
-  RandomCaseOptions options = preset_options(*find_preset("deepseek-v3"), 300, false, 1, 0);
-  options.spec.quant.scheme = QuantScheme::kFp8Block;
-  options.intermediate = 256;
-  const MoeCase host = host_case(options);
-  DeviceCase device = upload(host).value();
-  GpuRun gpu(device);
-  ASSERT_TRUE(gpu.run(device).ok());
-  const std::vector<double> first = gpu.result();
-  ASSERT_TRUE(gpu.run(device).ok());
-  EXPECT_EQ(gpu.result(), first);
-}
-
 TEST(GpuMoe, Fp8BlockAtFullHiddenSize) {
   for (const char* name : {"deepseek-v3", "qwen3-235b-a22b"}) {
     RandomCaseOptions options = preset_options(*find_preset(name), 7, true, 8, 0);
@@ -268,13 +255,18 @@ TEST(GpuMoe, EveryRoutingKindMatches) {
 }
 
 TEST(GpuMoe, RunsAreBitwiseIdentical) {
-  const MoeCase host = host_case(preset_options(*find_preset("deepseek-v3"), 300, false, 1, 0));
-  DeviceCase device = upload(host).value();
-  GpuRun gpu(device);
-  ASSERT_TRUE(gpu.run(device).ok());
-  const std::vector<double> first = gpu.result();
-  ASSERT_TRUE(gpu.run(device).ok());
-  EXPECT_EQ(gpu.result(), first);
+  for (QuantScheme scheme : {QuantScheme::kBf16, QuantScheme::kFp8Block}) {
+    RandomCaseOptions options = preset_options(*find_preset("deepseek-v3"), 300, false, 1, 0);
+    options.spec.quant.scheme = scheme;
+    options.intermediate = 256;
+    const MoeCase host = host_case(options);
+    DeviceCase device = upload(host).value();
+    GpuRun gpu(device);
+    ASSERT_TRUE(gpu.run(device).ok());
+    const std::vector<double> first = gpu.result();
+    ASSERT_TRUE(gpu.run(device).ok());
+    EXPECT_EQ(gpu.result(), first) << quant_scheme_name(scheme);
+  }
 }
 
 TEST(GpuMoe, AllTokensToOneExpertAndEmptyExperts) {
