@@ -11,9 +11,12 @@
 //                                partial sum, and is summed in rank order at home.
 // Shared experts are replicated: rank 0 computes them in the first two strategies, every
 // rank for its own tokens in the third. With a CPU communicator the layer runs the CPU
-// operator; with a GPU one (NCCL) it runs moe_forward_cuda on device weights, while routing,
-// counts and packing run on the host and the collectives are staged through host memory:
-// correct on any number of GPUs, with a host synchronisation per collective for now.
+// operator; with a GPU one (NCCL) it runs moe_forward_cuda on device weights. On the GPU the
+// first two strategies stay on the device (routing, experts and the NCCL collectives on
+// device buffers; the host only learns the token counts and, for EpStats, the routing);
+// all_to_all still routes, counts and packs on the host and stages its exchanges through
+// host memory (a host synchronisation per collective): correct on any number of GPUs, not
+// yet fast.
 #pragma once
 
 #include <memory>
@@ -27,6 +30,8 @@
 #include "epmoe/moe_spec.h"
 
 namespace epmoe {
+
+class DeviceExperts;  // the GPU computation (src/ep/device_compute.h)
 
 enum class EpStrategy { kReplicateAllReduce, kAllGatherReduceScatter, kAllToAll };
 std::string_view ep_strategy_name(EpStrategy strategy);  // "replicate_all_reduce", ...
@@ -68,20 +73,26 @@ class EpMoe {
   Status forward(const Tensor& x, const Tensor& router_logits, const Tensor& out, EpStats* stats = nullptr);
 
  private:
-  EpMoe(Communicator& comm, std::shared_ptr<Communicator> staged, EpLayer layer, EpStrategy strategy,
-        std::vector<int32_t> owner_of)
-      : comm_(&comm), staged_(std::move(staged)), layer_(std::move(layer)), strategy_(strategy),
-        owner_of_(std::move(owner_of)) {}
+  EpMoe(Communicator& comm, Communicator& device_comm, std::shared_ptr<Communicator> staged, EpLayer layer,
+        EpStrategy strategy, std::vector<int32_t> owner_of, std::shared_ptr<DeviceExperts> device_experts)
+      : comm_(&comm), device_comm_(&device_comm), staged_(std::move(staged)), layer_(std::move(layer)),
+        strategy_(strategy), owner_of_(std::move(owner_of)), device_experts_(std::move(device_experts)) {}
   Status run_strategy(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
   Status replicate_all_reduce(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
   Status all_gather_reduce_scatter(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
   Status all_to_all(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
+  // The first two strategies with every tensor on the device.
+  Status replicate_all_reduce_on_device(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& stats);
+  Status all_gather_reduce_scatter_on_device(const Tensor& x, const Tensor& logits, const Tensor& out,
+                                             EpStats& stats);
 
   Communicator* comm_;  // host-memory collectives: the CPU communicator, or staged_
+  Communicator* device_comm_;  // the communicator given to create (device buffers for NCCL)
   std::shared_ptr<Communicator> staged_;  // host view of a GPU communicator
   EpLayer layer_;
   EpStrategy strategy_;
   std::vector<int32_t> owner_of_;  // [E] the rank that owns each expert
+  std::shared_ptr<DeviceExperts> device_experts_;  // with a GPU communicator and device weights
 };
 
 }  // namespace epmoe

@@ -12,6 +12,8 @@
 #endif
 #include "epmoe/moe_cpu.h"
 #ifdef EPMOE_WITH_CUDA
+#include <cuda_runtime.h>
+
 #include "ep/device_compute.h"
 #endif
 
@@ -46,6 +48,14 @@ Result<Routing> route_rows(const EpLayer& layer, const Tensor& logits) {
   return routing;
 }
 
+// pairs_per_local_expert[l] += the pairs of `topk_ids` on local expert l.
+void count_local_pairs(const ExpertMap& experts, const std::vector<int32_t>& topk_ids,
+                       std::vector<int64_t>& pairs_per_local_expert) {
+  for (int32_t id : topk_ids)
+    if (id >= 0 && id < experts.num_experts() && experts.local_index(id) >= 0)
+      ++pairs_per_local_expert[experts.local_index(id)];
+}
+
 // The CPU operator on `x` [rows, H] with given routing, this rank's experts, and the
 // shared experts when `with_shared`; the output has x's dtype.
 Result<Buffer> compute_local(const EpLayer& layer, const Tensor& x, Routing& routing, bool with_shared,
@@ -76,9 +86,7 @@ Result<Buffer> compute_local(const EpLayer& layer, const Tensor& x, Routing& rou
     const Status status = moe_forward_cpu(layer.spec, weights, inputs, out.view());
     if (!status.ok()) return status;
   }
-  for (int32_t id : routing.ids)
-    if (id >= 0 && id < layer.experts.num_experts() && layer.experts.local_index(id) >= 0)
-      ++pairs_per_local_expert[layer.experts.local_index(id)];
+  count_local_pairs(layer.experts, routing.ids, pairs_per_local_expert);
   return out;
 }
 
@@ -131,7 +139,9 @@ Result<EpMoe> EpMoe::create(Communicator& device_comm, EpLayer layer, EpStrategy
     staged = std::move(view).value();
   }
   Communicator& comm = staged ? *staged : device_comm;
+  std::optional<Tensor> device_bias;
   if (layer.correction_bias && layer.correction_bias->device == Device::kCuda) {
+    device_bias = layer.correction_bias;
 #ifdef EPMOE_WITH_CUDA
     auto host_bias = std::make_shared<Buffer>(DType::kF32, std::initializer_list<int64_t>{layer.correction_bias->numel()});
     EPMOE_RETURN_IF_ERROR(copy_to_host(layer.correction_bias->data, host_bias->view()));
@@ -191,7 +201,16 @@ Result<EpMoe> EpMoe::create(Communicator& device_comm, EpLayer layer, EpStrategy
       return bad_argument("expert placement", "every expert on exactly one rank",
                           "expert " + std::to_string(e) + (count ? " on ranks " + ranks : " on no rank"));
   }
-  return EpMoe(comm, std::move(staged), std::move(layer), strategy, std::move(owner_of));
+  std::shared_ptr<DeviceExperts> device_experts;
+#ifdef EPMOE_WITH_CUDA
+  if (staged && layer.weights.w13.device == Device::kCuda) {
+    Result<DeviceExperts> made = DeviceExperts::create(layer.spec, layer.weights, layer.experts, device_bias);
+    if (!made.ok()) return made.status();
+    device_experts = std::make_shared<DeviceExperts>(std::move(made).value());
+  }
+#endif
+  return EpMoe(comm, device_comm, std::move(staged), std::move(layer), strategy, std::move(owner_of),
+               std::move(device_experts));
 }
 
 Status EpMoe::forward(const Tensor& x, const Tensor& router_logits, const Tensor& out, EpStats* stats) {
@@ -208,7 +227,11 @@ Status EpMoe::forward(const Tensor& x, const Tensor& router_logits, const Tensor
                         x.describe() + ", " + router_logits.describe() + ", " + out.describe());
   if (x.device == Device::kCuda) {
 #ifdef EPMOE_WITH_CUDA
-    // Routing and packing run on the host (copies of x and the logits); experts on the GPU.
+    if (device_experts_ && strategy_ == EpStrategy::kReplicateAllReduce)
+      return replicate_all_reduce_on_device(x, router_logits, out, s);
+    if (device_experts_ && strategy_ == EpStrategy::kAllGatherReduceScatter)
+      return all_gather_reduce_scatter_on_device(x, router_logits, out, s);
+    // all_to_all: routing and packing run on the host (copies of x and the logits); experts on the GPU.
     Buffer host_x(x.dtype, {x.size(0), x.size(1)}), host_logits(router_logits.dtype, {x.size(0), router_logits.size(1)});
     Buffer host_out(out.dtype, {out.size(0), out.size(1)});
     EPMOE_RETURN_IF_ERROR(copy_to_host(x.data, host_x.view()));
@@ -369,5 +392,62 @@ Status EpMoe::all_to_all(const Tensor& x, const Tensor& logits, const Tensor& ou
                      static_cast<int64_t>(total_send * row);
   return {};
 }
+
+#ifdef EPMOE_WITH_CUDA
+
+Status EpMoe::replicate_all_reduce_on_device(const Tensor& x, const Tensor& logits, const Tensor& out, EpStats& s) {
+  std::vector<int32_t> ids;
+  EPMOE_RETURN_IF_ERROR(device_experts_->forward(x, logits, device_comm_->rank() == 0, out, ids));
+  count_local_pairs(layer_.experts, ids, s.pairs_per_local_expert);
+  s.bytes_sent = s.bytes_received = static_cast<int64_t>(2.0 * (comm_->size() - 1) / comm_->size() * out.nbytes());
+  EPMOE_RETURN_IF_ERROR(device_comm_->all_reduce(out.data, out.data, static_cast<size_t>(out.numel()), out.dtype));
+  return device_comm_->synchronize();
+}
+
+Status EpMoe::all_gather_reduce_scatter_on_device(const Tensor& x, const Tensor& logits, const Tensor& out,
+                                                  EpStats& s) {
+  const int R = comm_->size();
+  const int64_t T = x.size(0), H = x.size(1), E = logits.size(1);
+  std::vector<int32_t> counts(R);
+  const int32_t mine = static_cast<int32_t>(T);
+  EPMOE_RETURN_IF_ERROR(comm_->all_gather(&mine, counts.data(), 1, DType::kI32));  // host ints, through the view
+  const int64_t T_max = *std::max_element(counts.begin(), counts.end());
+  // Rows padded to T_max: zero rows (and zero logits) give exactly zero output rows.
+  const size_t row = row_bytes(x), logit_row = static_cast<size_t>(E) * dtype_size(logits.dtype);
+  Result<DeviceBuffer> x_padded = DeviceBuffer::allocate(T_max * row), logits_padded = DeviceBuffer::allocate(T_max * logit_row);
+  Result<DeviceBuffer> x_all = DeviceBuffer::allocate(R * T_max * row), logits_all = DeviceBuffer::allocate(R * T_max * logit_row);
+  Result<DeviceBuffer> partial = DeviceBuffer::allocate(R * T_max * row), mine_out = DeviceBuffer::allocate(T_max * row);
+  for (const auto* buffer : {&x_padded, &logits_padded, &x_all, &logits_all, &partial, &mine_out})
+    if (!buffer->ok()) return buffer->status();
+  auto cuda = [](cudaError_t error, const char* what) {
+    return error == cudaSuccess ? Status{} : Status(StatusCode::kInternal, std::string(what) + ": " + cudaGetErrorString(error));
+  };
+  EPMOE_RETURN_IF_ERROR(cuda(cudaMemsetAsync(x_padded->data(), 0, T_max * row), "padding x"));
+  EPMOE_RETURN_IF_ERROR(cuda(cudaMemsetAsync(logits_padded->data(), 0, T_max * logit_row), "padding logits"));
+  EPMOE_RETURN_IF_ERROR(cuda(cudaMemcpyAsync(x_padded->data(), x.data, x.nbytes(), cudaMemcpyDeviceToDevice), "copying x"));
+  EPMOE_RETURN_IF_ERROR(
+      cuda(cudaMemcpyAsync(logits_padded->data(), logits.data, logits.nbytes(), cudaMemcpyDeviceToDevice), "copying logits"));
+  EPMOE_RETURN_IF_ERROR(device_comm_->all_gather(x_padded->data(), x_all->data(), T_max * H, x.dtype));
+  EPMOE_RETURN_IF_ERROR(device_comm_->all_gather(logits_padded->data(), logits_all->data(), T_max * E, logits.dtype));
+  EPMOE_RETURN_IF_ERROR(device_comm_->synchronize());  // the experts run on the default stream
+  const Tensor all_rows = Tensor::contiguous(x_all->data(), x.dtype, {R * T_max, H}, Device::kCuda);
+  const Tensor all_logits = Tensor::contiguous(logits_all->data(), logits.dtype, {R * T_max, E}, Device::kCuda);
+  const Tensor partial_view = Tensor::contiguous(partial->data(), x.dtype, {R * T_max, H}, Device::kCuda);
+  std::vector<int32_t> ids;
+  EPMOE_RETURN_IF_ERROR(device_experts_->forward(all_rows, all_logits, device_comm_->rank() == 0, partial_view, ids));
+  count_local_pairs(layer_.experts, ids, s.pairs_per_local_expert);
+  EPMOE_RETURN_IF_ERROR(device_comm_->reduce_scatter(partial->data(), mine_out->data(), T_max * H, x.dtype));
+  EPMOE_RETURN_IF_ERROR(device_comm_->synchronize());
+  EPMOE_RETURN_IF_ERROR(cuda(cudaMemcpy(out.data, mine_out->data(), out.nbytes(), cudaMemcpyDeviceToDevice), "copying out"));
+  const int64_t row_and_routing = static_cast<int64_t>(row + logit_row);
+  for (int r = 0; r < R; ++r) {
+    s.rows_sent[r] = r == comm_->rank() ? 0 : T_max;
+    s.rows_received[r] = r == comm_->rank() ? 0 : T_max;
+  }
+  s.bytes_sent = s.bytes_received = (R - 1) * T_max * (row_and_routing + static_cast<int64_t>(row));
+  return {};
+}
+
+#endif
 
 }  // namespace epmoe

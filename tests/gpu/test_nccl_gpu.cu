@@ -160,38 +160,43 @@ TEST(NcclBackend, MissingPeerIsAnErrorWithinTheTimeout) {
 // EpMoe over NCCL with one GPU: every strategy gives the single-rank CPU operator's output.
 TEST(NcclBackend, EpMoeEveryStrategyOnOneGpuMatchesTheCpuOperator) {
   if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
-  RandomCaseOptions options;
-  options.spec = find_preset("deepseek-v3")->spec;
-  options.spec.quant.scheme = QuantScheme::kBf16;
-  options.tokens = 37;
-  options.hidden = 256;
-  options.intermediate = 128;
-  options.shared_intermediate = 128;
-  options.correction_bias = true;
-  options.seed = std::random_device{}();
-  const MoeCase host = make_random_case(options).value();
-  Buffer expected(DType::kBF16, {37, 256});
-  ASSERT_TRUE(moe_forward_cpu(host.spec, host.weights, host.inputs, expected.view()).ok());
-  const DeviceCase device = upload(host).value();
   Result<std::unique_ptr<Communicator>> comm =
       make_nccl_communicator({.rank = 0, .size = 1, .bootstrap = "file:" + temp_path("nccl_ep"), .timeout = 20000ms});
   ASSERT_TRUE(comm.ok()) << comm.status().message();
-  for (EpStrategy strategy : {EpStrategy::kReplicateAllReduce, EpStrategy::kAllGatherReduceScatter, EpStrategy::kAllToAll}) {
-    EpLayer layer{host.spec, ExpertMap::build(Placement::kLinear, 256, 1, 0).value(), device.weights,
-                  device.inputs.correction_bias, {}};
-    Result<EpMoe> moe = EpMoe::create(*comm.value(), layer, strategy);
-    ASSERT_TRUE(moe.ok()) << moe.status().message();
-    DeviceBuffer out = DeviceBuffer::allocate(37 * 256 * 2).value();
-    ASSERT_EQ(cudaMemset(out.data(), 0xff, out.bytes()), cudaSuccess);
-    const Tensor out_view = Tensor::contiguous(out.data(), DType::kBF16, {37, 256}, Device::kCuda);
-    EpStats stats;
-    const Status status = moe->forward(device.inputs.x, *device.inputs.router_logits, out_view, &stats);
-    ASSERT_TRUE(status.ok()) << ep_strategy_name(strategy) << ": " << status.message();
-    Buffer result(DType::kBF16, {37, 256});
-    ASSERT_TRUE(copy_to_host(out.data(), result.view()).ok());
-    EXPECT_LT(relative_error(to_doubles(result.view()), to_doubles(expected.view())), 1e-2) << ep_strategy_name(strategy);
-    EXPECT_EQ(std::accumulate(stats.pairs_per_local_expert.begin(), stats.pairs_per_local_expert.end(), int64_t{0}),
-              int64_t{37 * 8});
+  for (QuantScheme scheme : {QuantScheme::kBf16, QuantScheme::kFp8Block}) {
+    RandomCaseOptions options;
+    options.spec = find_preset("deepseek-v3")->spec;
+    options.spec.quant.scheme = scheme;
+    options.tokens = 37;
+    options.hidden = 256;
+    options.intermediate = 128;
+    options.shared_intermediate = 128;
+    options.correction_bias = true;
+    options.seed = std::random_device{}();
+    const MoeCase host = make_random_case(options).value();
+    Buffer expected(DType::kBF16, {37, 256});
+    ASSERT_TRUE(moe_forward_cpu(host.spec, host.weights, host.inputs, expected.view()).ok());
+    const DeviceCase device = upload(host).value();
+    for (EpStrategy strategy : {EpStrategy::kReplicateAllReduce, EpStrategy::kAllGatherReduceScatter, EpStrategy::kAllToAll}) {
+      const std::string what = std::string(quant_scheme_name(scheme)) + " " + std::string(ep_strategy_name(strategy));
+      EpLayer layer{host.spec, ExpertMap::build(Placement::kLinear, 256, 1, 0).value(), device.weights,
+                    device.inputs.correction_bias, {}};
+      Result<EpMoe> moe = EpMoe::create(*comm.value(), layer, strategy);
+      ASSERT_TRUE(moe.ok()) << moe.status().message();
+      DeviceBuffer out = DeviceBuffer::allocate(37 * 256 * 2).value();
+      ASSERT_EQ(cudaMemset(out.data(), 0xff, out.bytes()), cudaSuccess);
+      const Tensor out_view = Tensor::contiguous(out.data(), DType::kBF16, {37, 256}, Device::kCuda);
+      EpStats stats;
+      const Status status = moe->forward(device.inputs.x, *device.inputs.router_logits, out_view, &stats);
+      ASSERT_TRUE(status.ok()) << what << ": " << status.message();
+      Buffer result(DType::kBF16, {37, 256});
+      ASSERT_TRUE(copy_to_host(out.data(), result.view()).ok());
+      EXPECT_LT(relative_error(to_doubles(result.view()), to_doubles(expected.view())), is_fp8(scheme) ? 3e-2 : 1e-2)
+          << what;
+      EXPECT_EQ(std::accumulate(stats.pairs_per_local_expert.begin(), stats.pairs_per_local_expert.end(), int64_t{0}),
+                int64_t{37 * 8})
+          << what;
+    }
   }
 }
 
