@@ -70,15 +70,15 @@ def _routing(kind, num_experts, top_k, renormalize=False, score_func="softmax", 
                         topk_group, float(routed_scaling_factor))
 
 
-def _scale(name, tensor, device):
-    """A weight or activation scale: f32, with vLLM's trailing unit dimension (per channel
-    [E, N, 1]) or scalar shape folded away."""
+def _scale(name, tensor, quant, device):
+    """A weight or activation scale: f32, with vLLM's trailing unit dimension of per-channel
+    scales ([E, N, 1]) or a scalar's shape folded away."""
     if tensor is None:
         return None
     _check_tensor(name, tensor, (torch.float32,), None, device)
     if tensor.dim() == 0:
         return tensor.reshape(1)
-    if tensor.dim() == 3 and tensor.shape[-1] == 1:
+    if quant == "fp8_channel" and tensor.dim() == 3 and tensor.shape[-1] == 1:
         return tensor.squeeze(-1)
     return tensor
 
@@ -130,9 +130,10 @@ def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, *, activation="
     spec = _abi.Spec(_routing("softmax_topk", num_experts, k), quant.encode(), block_n, block_k, activation.encode(),
                      int(bool(apply_router_weight_on_input)))
     tensors = _abi.MoeTensors()
-    scales = {"w13_scale": _scale("w1_scale", w1_scale, device), "w2_scale": _scale("w2_scale", w2_scale, device),
-              "input_scale": _scale("a1_scale", a1_scale, device),
-              "intermediate_scale": _scale("a2_scale", a2_scale, device)}
+    scales = {"w13_scale": _scale("w1_scale", w1_scale, quant, device),
+              "w2_scale": _scale("w2_scale", w2_scale, quant, device),
+              "input_scale": _scale("a1_scale", a1_scale, quant, device),
+              "intermediate_scale": _scale("a2_scale", a2_scale, quant, device)}
     for field, tensor in dict(x=hidden_states, w13=w1, w2=w2, topk_ids=topk_ids, topk_weights=topk_weights,
                               expert_map=expert_map, out=out, **scales).items():
         setattr(tensors, field, _c_tensor(tensor))
