@@ -288,38 +288,43 @@ TEST(GpuMoe, AllTokensToOneExpertAndEmptyExperts) {
 }
 
 TEST(GpuMoe, CudaGraphReplaysOnNewInputs) {
-  const ModelPreset& preset = *find_preset("deepseek-v3");
-  RandomCaseOptions options = preset_options(preset, 64, false, 8, 2);
-  MoeCase host = host_case(options);
-  DeviceCase device = upload(host).value();
-  GpuRun gpu(device);
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  ASSERT_TRUE(gpu.run(device, stream).ok());  // first call outside capture: kernel attributes set
-  cudaGraph_t graph;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  const Status captured = gpu.run(device, stream);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_TRUE(captured.ok()) << captured.message();
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int replay = 0; replay < 3; ++replay) {
-    // New x and new logits (so a new routing) in the same device buffers.
-    options.seed = fresh_seed();
-    const MoeCase fresh = host_case(options);
-    std::copy_n(fresh.inputs.x.data_as<uint16_t>(), fresh.inputs.x.numel(), host.inputs.x.data_as<uint16_t>());
-    std::copy_n(fresh.inputs.router_logits->data_as<float>(), fresh.inputs.router_logits->numel(),
-                host.inputs.router_logits->data_as<float>());
-    ASSERT_TRUE(copy_to_device(host.inputs.x, device.inputs.x.data).ok());
-    ASSERT_TRUE(copy_to_device(*host.inputs.router_logits, device.inputs.router_logits->data).ok());
-    ASSERT_EQ(cudaMemset(gpu.out.data(), 0xff, gpu.out.bytes()), cudaSuccess);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    expect_close(gpu.result(), cpu_output(host), "replay " + std::to_string(replay));
+  for (QuantScheme scheme : {QuantScheme::kBf16, QuantScheme::kFp8Block, QuantScheme::kFp8Tensor}) {
+    const std::string name(quant_scheme_name(scheme));
+    RandomCaseOptions options = preset_options(*find_preset("deepseek-v3"), 64, false, 8, 2);
+    options.spec.quant.scheme = scheme;
+    options.intermediate = 256;
+    MoeCase host = host_case(options);
+    DeviceCase device = upload(host).value();
+    GpuRun gpu(device);
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    ASSERT_TRUE(gpu.run(device, stream).ok());  // first call outside capture: kernel attributes set
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    const Status captured = gpu.run(device, stream);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(captured.ok()) << name << ": " << captured.message();
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int replay = 0; replay < 3; ++replay) {
+      // New x and new logits (so a new routing) in the same device buffers.
+      options.seed = fresh_seed();
+      const MoeCase fresh = host_case(options);
+      std::copy_n(fresh.inputs.x.data_as<uint16_t>(), fresh.inputs.x.numel(), host.inputs.x.data_as<uint16_t>());
+      std::copy_n(fresh.inputs.router_logits->data_as<float>(), fresh.inputs.router_logits->numel(),
+                  host.inputs.router_logits->data_as<float>());
+      ASSERT_TRUE(copy_to_device(host.inputs.x, device.inputs.x.data).ok());
+      ASSERT_TRUE(copy_to_device(*host.inputs.router_logits, device.inputs.router_logits->data).ok());
+      ASSERT_EQ(cudaMemset(gpu.out.data(), 0xff, gpu.out.bytes()), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      expect_close(gpu.result(), cpu_output(host), name + " replay " + std::to_string(replay),
+                   is_fp8(scheme) ? 3e-2 : 1e-2);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 TEST(GpuMoe, RejectsWhatItCannotComputeWithClearErrors) {
