@@ -11,10 +11,11 @@
 // XOR-swizzled by row (the 128-byte swizzle wgmma reads, and free of bank conflicts for
 // ldmatrix). Everything up to the tensor-core instruction moves bytes, so bf16 (64 K per
 // stage) and e4m3 (128 K per stage) share it; only the instruction differs.
-// fp8: a stage's products go to a second accumulator, added to the first times the stage's
-// A and B scales (a stage is one 128-wide K block of fp8_block; per-channel and per-tensor
-// scales simply repeat), so every scheme is one kernel; the price is a completed wgmma group
-// per stage (no overlap of two groups) and no 128 x 256 tile.
+// fp8: a stage's products go to a second accumulator, added to the first every stage (a
+// stage is one 128-wide K block of fp8_block), times the stage's A and B scales for
+// fp8_block, or unscaled with the scales applied once in the epilogue for per-channel and
+// per-tensor scales. The price: a completed wgmma group per stage (no overlap of two
+// groups), and no 128 x 256 tile (the second accumulator would not fit in registers).
 // Gated (GEMM1): the B tile interleaves gate and up rows in blocks of 8 (8 gate rows of
 // columns c..c+7, then the 8 up rows of the same columns), so each thread's accumulators
 // hold gate and up of the same output element, and act(gate) * up is written directly as
@@ -173,9 +174,17 @@ __device__ int32_t scale_index(const ScaleGrid& grid, int64_t n, int group) {
   return static_cast<int32_t>((n / grid.block_n) * grid.row_stride + group * grid.group_stride);
 }
 
-template <typename Cfg, bool kGated, bool kFp8>
+// How a GEMM applies fp8 scales: none (bf16); per K tile, as the tile's sums are added to
+// the accumulator (scales that change along K: fp8_block); or once in the epilogue (per
+// channel / per tensor). Either way the tensor cores' sums are moved into the f32
+// accumulator every K tile of 128: fp8 wgmma accumulates with reduced precision (about 14
+// bits, DeepSeek-V3 report), which long K sums would show.
+enum class Scales { kNone, kPerKTile, kEpilogue };
+
+template <typename Cfg, bool kGated, Scales kScales>
 __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups groups, PairLayout layout,
                                                                      Activation activation) {
+  constexpr bool kFp8 = kScales != Scales::kNone;
   using Op = Operand<kFp8>;
   extern __shared__ __align__(128) uint8_t shared_raw[];
   uint8_t* shared_tiles = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
@@ -257,9 +266,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
   const int warp_col = (warp % Cfg::kWarpsN) * Cfg::kWarpCols;
   float acc[Cfg::kMmaM][Cfg::kMmaN][4] = {};
 
-  // fp8: each stage's products land in stage_acc and are added to acc times the stage's
-  // scales (a K tile is 128 elements, one scale block of fp8_block): value = code * scale.
-  // The scale indices of this thread's fragment rows and columns are fixed over the K loop.
+  // fp8 (value = code * scale): each stage's products land in stage_acc and are added to
+  // acc, times the stage's scales when they change along K (a K tile is 128 elements, one
+  // fp8_block block); else acc is scaled once before the epilogue. The scale indices of this
+  // thread's fragment rows and columns are fixed over the K loop.
   float stage_acc[kFp8 ? Cfg::kMmaM : 1][kFp8 ? Cfg::kMmaN : 1][4];
   int32_t a_scale_at[kFp8 ? Cfg::kMmaM : 1][2], b_scale_at[kFp8 ? Cfg::kMmaN : 1][2];  // scale grids are small
   const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
@@ -287,23 +297,36 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
           for (int q = 0; q < 4; ++q) stage_acc[mi][ni][q] = 0.0f;
     }
   };
+  // acc = acc_in + sums * scales of K tile `k_tile` (acc_in and sums may be acc itself).
+  auto add_scaled = [&](float (&acc_in)[Cfg::kMmaM][Cfg::kMmaN][4], const float (&sums)[Cfg::kMmaM][Cfg::kMmaN][4],
+                        int k_tile) {
+#pragma unroll
+    for (int mi = 0; mi < Cfg::kMmaM; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float a_scale = a_scales.scales[a_scale_at[mi][half] + k_tile * static_cast<int32_t>(a_scales.k_stride)];
+#pragma unroll
+        for (int ni = 0; ni < Cfg::kMmaN; ++ni)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const float b_scale = b_scales.scales[b_scale_at[ni][j] + k_tile * static_cast<int32_t>(b_scales.k_stride)];
+            acc[mi][ni][half * 2 + j] = acc_in[mi][ni][half * 2 + j] + sums[mi][ni][half * 2 + j] * (a_scale * b_scale);
+          }
+      }
+  };
   auto promote_stage = [&](int k_tile) {
-    if constexpr (kFp8) {
+    if constexpr (kScales == Scales::kPerKTile) {
+      add_scaled(acc, stage_acc, k_tile);
+    } else if constexpr (kScales == Scales::kEpilogue) {
 #pragma unroll
       for (int mi = 0; mi < Cfg::kMmaM; ++mi)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float a_scale = a_scales.scales[a_scale_at[mi][half] + k_tile * static_cast<int32_t>(a_scales.k_stride)];
+        for (int ni = 0; ni < Cfg::kMmaN; ++ni)
 #pragma unroll
-          for (int ni = 0; ni < Cfg::kMmaN; ++ni)
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-              acc[mi][ni][half * 2 + j] += stage_acc[mi][ni][half * 2 + j] *
-                                           (a_scale * b_scales.scales[b_scale_at[ni][j] + k_tile * static_cast<int32_t>(b_scales.k_stride)]);
-        }
+          for (int q = 0; q < 4; ++q) acc[mi][ni][q] += stage_acc[mi][ni][q];
     }
   };
-  // Where the tensor cores accumulate: straight into acc (bf16), or per stage (fp8).
+  // Where the tensor cores accumulate: per stage (fp8), or straight into acc (bf16).
   auto& sums = *[&] {
     if constexpr (kFp8) {
       return &stage_acc;
@@ -389,6 +412,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
     wgmma_wait<0>();
     asm volatile("cp.async.wait_group 0;\n");
   }
+  if constexpr (kScales == Scales::kEpilogue) {  // acc = acc * scales, which do not change along K
+    float zero[Cfg::kMmaM][Cfg::kMmaN][4] = {};
+    add_scaled(zero, acc, 0);
+  }
 
   // Epilogue: thread holds rows lane/4 and lane/4 + 8 of each m16 tile, two columns each.
 #pragma unroll
@@ -422,10 +449,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
   }
 }
 
-template <typename Cfg, bool kGated, bool kFp8>
+template <typename Cfg, bool kGated, Scales kScales>
 cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
                           Activation activation, cudaStream_t stream) {
-  auto* kernel = grouped_gemm_kernel<Cfg, kGated, kFp8>;
+  auto* kernel = grouped_gemm_kernel<Cfg, kGated, kScales>;
   static const cudaError_t attribute_error = [&] {
     const cudaError_t error =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSharedBytes));
@@ -472,17 +499,19 @@ int choose_tile_rows(int64_t slots, int64_t groups, bool fp8) {
 cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
                                 Activation activation, int tile_rows, cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
+  const bool scales_along_k = groups.a_routed_scale.k_stride != 0 || groups.b_routed_scale.k_stride != 0;
+  auto with_scales = [&]<typename Cfg, Scales kScales>() {
+    return gated ? launch_config<Cfg, true, kScales>(groups, layout, max_tiles, activation, stream)
+                 : launch_config<Cfg, false, kScales>(groups, layout, max_tiles, activation, stream);
+  };
   auto dispatch = [&]<typename Cfg>() {
-    if (groups.fp8) {
-      if constexpr (Cfg::kRows == LargeConfig::kRows) {
-        return cudaErrorInvalidValue;  // choose_tile_rows never picks it for fp8
-      } else {
-        return gated ? launch_config<Cfg, true, true>(groups, layout, max_tiles, activation, stream)
-                     : launch_config<Cfg, false, true>(groups, layout, max_tiles, activation, stream);
-      }
+    if (!groups.fp8) return with_scales.template operator()<Cfg, Scales::kNone>();
+    if constexpr (Cfg::kRows == LargeConfig::kRows) {
+      return cudaErrorInvalidValue;  // choose_tile_rows never picks it for fp8
+    } else {
+      return scales_along_k ? with_scales.template operator()<Cfg, Scales::kPerKTile>()
+                            : with_scales.template operator()<Cfg, Scales::kEpilogue>();
     }
-    return gated ? launch_config<Cfg, true, false>(groups, layout, max_tiles, activation, stream)
-                 : launch_config<Cfg, false, false>(groups, layout, max_tiles, activation, stream);
   };
   switch (tile_rows) {
     case DecodeConfig::kRows: return dispatch.template operator()<DecodeConfig>();
