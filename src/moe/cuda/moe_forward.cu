@@ -55,6 +55,7 @@ struct WorkspaceLayout {
   uint8_t* intermediate_codes;   // [slots, max(I, I_s)]
   float* intermediate_scales;
   uint32_t* amax_bits;           // [groups] dynamic per-tensor amax
+  bool separate_shared_input = false;  // fp8, shared experts and routed rows x * router weight
   int tile_rows = 0;
   int64_t max_tiles = 0;
   int64_t slots = 0;
@@ -90,11 +91,11 @@ struct WorkspaceLayout {
     take(intermediate, slots * widest);
     take(pair_out, slots * s.hidden);
     take(pair_out_partials, k_splits > 1 ? k_splits * slots * s.hidden : 0);
-    const bool second_input = fp8 && shared && spec.apply_router_weight_on_input;
+    separate_shared_input = fp8 && shared && spec.apply_router_weight_on_input;
     take(x_codes, fp8 ? s.tokens * s.hidden : 0);
     take(x_scales, fp8 ? activation_scale_count(spec.quant, s.tokens, s.hidden, 1) : 0);
-    take(shared_x_codes, second_input ? s.tokens * s.hidden : 0);
-    take(shared_x_scales, second_input ? activation_scale_count(spec.quant, s.tokens, s.hidden, 1) : 0);
+    take(shared_x_codes, separate_shared_input ? s.tokens * s.hidden : 0);
+    take(shared_x_scales, separate_shared_input ? activation_scale_count(spec.quant, s.tokens, s.hidden, 1) : 0);
     take(intermediate_codes, fp8 ? slots * widest : 0);
     take(intermediate_scales, fp8 ? activation_scale_count(spec.quant, slots, widest, groups) : 0);
     take(amax_bits, fp8 ? groups : 0);
@@ -259,7 +260,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
                                            layout.x_scales, weights.input_scale, {}, layout.amax_bits, stream);
     EPMOE_RETURN_IF_ERROR(routed.status);
     Fp8Input shared_input = routed;
-    if (layout.shared_x_codes) {  // the shared experts take x itself
+    if (layout.separate_shared_input) {  // the shared experts take x itself
       shared_input = quantize_input(spec.quant, x, s.tokens, s.hidden, s.hidden, layout.shared_x_codes,
                                     layout.shared_x_scales, weights.input_scale, {}, layout.amax_bits, stream);
       EPMOE_RETURN_IF_ERROR(shared_input.status);
