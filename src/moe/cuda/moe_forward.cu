@@ -162,21 +162,22 @@ Fp8Input quantize_input(const QuantSpec& quant, const uint16_t* values, int64_t 
   q.static_scale = static_scale ? static_scale->data_as<float>() : nullptr;
   q.amax_bits = amax_bits;
   q.row_groups = row_groups;
-  Fp8Input input{{}, codes, {scales}};
+  cuda::ScaleGrid grid{scales};
   switch (q.granularity) {
     case cuda::Fp8Granularity::kPerGroup:
-      input.grid.row_stride = (stride + quant.block_k - 1) / quant.block_k;
-      input.grid.k_stride = 1;  // a K tile is one group of 128
+      grid.row_stride = (stride + quant.block_k - 1) / quant.block_k;
+      grid.k_stride = 1;  // a K tile is one group of 128
       break;
-    case cuda::Fp8Granularity::kPerRow: input.grid.row_stride = 1; break;
+    case cuda::Fp8Granularity::kPerRow: grid.row_stride = 1; break;
     case cuda::Fp8Granularity::kPerTensor:  // the static scale, or one per group of rows (expert), or one
-      if (q.static_scale) input.grid.scales = q.static_scale;
-      input.grid.group_stride = row_groups.offsets && !q.static_scale ? 1 : 0;
+      if (q.static_scale) grid.scales = q.static_scale;
+      grid.group_stride = row_groups.offsets && !q.static_scale ? 1 : 0;
       break;
   }
   const cudaError_t error = cuda::launch_quantize_fp8(q, stream);
-  if (error != cudaSuccess) input.status = Status(StatusCode::kInternal, std::string("launch_quantize_fp8: ") + cudaGetErrorString(error));
-  return input;
+  if (error != cudaSuccess)
+    return {Status(StatusCode::kInternal, std::string("launch_quantize_fp8: ") + cudaGetErrorString(error)), codes, grid};
+  return {Status{}, codes, grid};
 }
 
 // The scale grid of a weight [E, n, k] (per_expert) or [n, k] as the checkpoint stores it.
