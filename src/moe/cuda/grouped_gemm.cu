@@ -268,12 +268,20 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
 
   // fp8 (value = code * scale): each stage's products land in stage_acc and are added to
   // acc, times the stage's scales when they change along K (a K tile is 128 elements, one
-  // fp8_block block); else acc is scaled once before the epilogue. The scale indices of this
-  // thread's fragment rows and columns are fixed over the K loop.
+  // fp8_block block); else acc is scaled once before the epilogue.
+  constexpr bool kPerKTile = kScales == Scales::kPerKTile;
   float stage_acc[kFp8 ? Cfg::kMmaM : 1][kFp8 ? Cfg::kMmaN : 1][4];
-  int32_t a_scale_at[kFp8 ? Cfg::kMmaM : 1][2], b_scale_at[kFp8 ? Cfg::kMmaN : 1][2];  // scale grids are small
   const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
   const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
+  // Scale indices, fixed over the K loop: of this thread's fragment rows (A) and columns (B).
+  // fp8_block: a tile's weight rows fall in one 128-row block per side (its gate rows, its
+  // up rows: tiles are aligned to their width, which divides 128), so two B scales serve
+  // all columns (ni even / odd); otherwise one per column (ni, j) at 2 ni + j.
+  constexpr int kBScales = kPerKTile ? 2 : kFp8 ? 2 * Cfg::kMmaN : 1;
+  using RowScales = float[kFp8 ? Cfg::kMmaM : 1][2];
+  using ColumnScales = float[kBScales];
+  int32_t a_scale_at[kFp8 ? Cfg::kMmaM : 1][2], b_scale_at[kBScales];
+  auto b_scale_of = [](int ni, int j) { return kPerKTile ? ni % 2 : 2 * ni + j; };
   if constexpr (kFp8) {
 #pragma unroll
     for (int mi = 0; mi < Cfg::kMmaM; ++mi)
@@ -281,12 +289,49 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
       for (int half = 0; half < 2; ++half)
         a_scale_at[mi][half] = scale_index(a_scales, max(a_row(warp_row + mi * 16 + lane / 4 + half * 8), int64_t{0}), group);
 #pragma unroll
-    for (int ni = 0; ni < Cfg::kMmaN; ++ni)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-        b_scale_at[ni][j] = scale_index(b_scales, max(weight_row(warp_col + ni * 8 + (lane % 4) * 2 + j), int64_t{0}),
-                                        shared ? 0 : group);
+    for (int c = 0; c < kBScales; ++c) {
+      const int column = warp_col + (kPerKTile ? c : c / 2) * 8 + (lane % 4) * 2 + (kPerKTile ? 0 : c % 2);
+      b_scale_at[c] = scale_index(b_scales, max(weight_row(column), int64_t{0}), shared ? 0 : group);
+    }
   }
+  auto load_scales = [&](int k_tile, RowScales& a_out, ColumnScales& b_out) {
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int mi = 0; mi < Cfg::kMmaM; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          a_out[mi][half] = a_scales.scales[a_scale_at[mi][half] + k_tile * static_cast<int32_t>(a_scales.k_stride)];
+#pragma unroll
+      for (int c = 0; c < kBScales; ++c)
+        b_out[c] = b_scales.scales[b_scale_at[c] + k_tile * static_cast<int32_t>(b_scales.k_stride)];
+    }
+  };
+  // acc = acc_in + sums * scales (acc_in and sums may be acc itself).
+  auto add_scaled = [&](float (&acc_in)[Cfg::kMmaM][Cfg::kMmaN][4], const float (&sums)[Cfg::kMmaM][Cfg::kMmaN][4],
+                        const RowScales& a_scale, const ColumnScales& b_scale) {
+#pragma unroll
+    for (int mi = 0; mi < Cfg::kMmaM; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int ni = 0; ni < Cfg::kMmaN; ++ni)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            acc[mi][ni][half * 2 + j] = acc_in[mi][ni][half * 2 + j] +
+                                        sums[mi][ni][half * 2 + j] * (a_scale[mi][half] * b_scale[b_scale_of(ni, j)]);
+  };
+  // fp8_block: the next K tile's scales are loaded while this tile's products are formed.
+  RowScales a_now, a_next;
+  ColumnScales b_now, b_next;
+  auto next_scales = [&](int k_tile, bool more) {
+    if constexpr (kPerKTile) {
+#pragma unroll
+      for (int mi = 0; mi < Cfg::kMmaM; ++mi) a_now[mi][0] = a_next[mi][0], a_now[mi][1] = a_next[mi][1];
+#pragma unroll
+      for (int c = 0; c < kBScales; ++c) b_now[c] = b_next[c];
+      if (more) load_scales(k_tile + 1, a_next, b_next);
+    }
+  };
   auto clear_stage = [&] {
     if constexpr (kFp8) {
 #pragma unroll
@@ -297,27 +342,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
           for (int q = 0; q < 4; ++q) stage_acc[mi][ni][q] = 0.0f;
     }
   };
-  // acc = acc_in + sums * scales of K tile `k_tile` (acc_in and sums may be acc itself).
-  auto add_scaled = [&](float (&acc_in)[Cfg::kMmaM][Cfg::kMmaN][4], const float (&sums)[Cfg::kMmaM][Cfg::kMmaN][4],
-                        int k_tile) {
-#pragma unroll
-    for (int mi = 0; mi < Cfg::kMmaM; ++mi)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float a_scale = a_scales.scales[a_scale_at[mi][half] + k_tile * static_cast<int32_t>(a_scales.k_stride)];
-#pragma unroll
-        for (int ni = 0; ni < Cfg::kMmaN; ++ni)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const float b_scale = b_scales.scales[b_scale_at[ni][j] + k_tile * static_cast<int32_t>(b_scales.k_stride)];
-            acc[mi][ni][half * 2 + j] = acc_in[mi][ni][half * 2 + j] + sums[mi][ni][half * 2 + j] * (a_scale * b_scale);
-          }
-      }
-  };
-  auto promote_stage = [&](int k_tile) {
-    if constexpr (kScales == Scales::kPerKTile) {
-      add_scaled(acc, stage_acc, k_tile);
-    } else if constexpr (kScales == Scales::kEpilogue) {
+  auto promote_stage = [&] {
+    if constexpr (kPerKTile) {
+      add_scaled(acc, stage_acc, a_now, b_now);
+    } else if constexpr (kFp8) {
 #pragma unroll
       for (int mi = 0; mi < Cfg::kMmaM; ++mi)
 #pragma unroll
@@ -344,6 +372,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
     if (s < k_tiles) load_stage(s, static_cast<int64_t>(first_k_tile + s) * Op::kDepth);
     asm volatile("cp.async.commit_group;\n");
   }
+  if constexpr (kPerKTile)
+    if (k_tiles > 0) load_scales(first_k_tile, a_next, b_next);
   if constexpr (Cfg::kInstruction == Instruction::kMmaSync) {
     for (int kt = 0; kt < k_tiles; ++kt) {
       asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
@@ -354,6 +384,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
 
       const uint8_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageBytes;
       const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
+      next_scales(first_k_tile + kt, kt + 1 < k_tiles);
       clear_stage();
 #pragma unroll
       for (int kk = 0; kk < kStepsPerStage; ++kk) {
@@ -375,7 +406,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
           }
         }
       }
-      promote_stage(first_k_tile + kt);
+      promote_stage();
     }
     asm volatile("cp.async.wait_group 0;\n");
   } else {
@@ -392,6 +423,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
       const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
       const uint64_t a_descriptor = wgmma_descriptor(a_tile + warpgroup * 64 * kRowBytes);
       const uint64_t b_descriptor = wgmma_descriptor(b_tile);
+      next_scales(first_k_tile + kt, kt + 1 < k_tiles);
       clear_stage();
       wgmma_fence();
 #pragma unroll
@@ -400,7 +432,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
       wgmma_commit();
       if constexpr (kFp8) {
         wgmma_wait<0>();
-        promote_stage(first_k_tile + kt);
+        promote_stage();
       } else {
         wgmma_wait<1>();
       }
@@ -414,7 +446,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
   }
   if constexpr (kScales == Scales::kEpilogue) {  // acc = acc * scales, which do not change along K
     float zero[Cfg::kMmaM][Cfg::kMmaN][4] = {};
-    add_scaled(zero, acc, 0);
+    load_scales(0, a_now, b_now);
+    add_scaled(zero, acc, a_now, b_now);
   }
 
   // Epilogue: thread holds rows lane/4 and lane/4 + 8 of each m16 tile, two columns each.
