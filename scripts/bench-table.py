@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Formats the JSON of scripts/bench-gpu (a list of `epmoe bench --json` documents) as
-Markdown tables for docs/BENCHMARKS.md: one row per preset and ep, one column per T, each
-cell "time us / ratio".
+Markdown tables for docs/BENCHMARKS.md: one row per preset, scheme and ep, one column per T,
+each cell "time us / ratio".
 
     python3 scripts/bench-table.py bench.json
 """
@@ -12,20 +12,24 @@ import sys
 def main():
     runs = json.load(open(sys.argv[1]))
     tokens = sorted({r["tokens"] for run in runs for r in run["results"]})
-    print("| preset | ep | " + " | ".join(f"T={t}" for t in tokens) + " |")
-    print("| --- | --- | " + " | ".join("---" for _ in tokens) + " |")
+    print("| preset | scheme | ep | " + " | ".join(f"T={t}" for t in tokens) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in tokens) + " |")
     for run in runs:
         cells = {r["tokens"]: r for r in run["results"]}
         row = []
         for t in tokens:
             r = cells.get(t)
             row.append(f"{r['seconds'] * 1e6:.0f} / {r['ratio']:.2f}" if r else "")
-        print(f"| {run['model']} | {run['ep']} | " + " | ".join(row) + " |")
+        print(f"| {run['model']} | {run.get('quant', 'bf16')} | {run['ep']} | " + " | ".join(row) + " |")
     ceilings = [run["ceilings"] for run in runs]
     copy = [c["bytes_per_second"] / 1e12 for c in ceilings]
-    gemm = [c["flops_per_second"] / 1e12 for c in ceilings]
-    print(f"\nCeilings measured per run: copy {min(copy):.2f}-{max(copy):.2f} TB/s, "
-          f"bf16 GEMM {min(gemm):.0f}-{max(gemm):.0f} TFLOP/s ({runs[0]['device']}).")
+    bf16 = [c.get("bf16_flops_per_second", c["flops_per_second"]) / 1e12 for c in ceilings]
+    line = (f"\nCeilings measured per run: copy {min(copy):.2f}-{max(copy):.2f} TB/s, "
+            f"bf16 GEMM {min(bf16):.0f}-{max(bf16):.0f} TFLOP/s")
+    e4m3 = [run["ceilings"]["flops_per_second"] / 1e12 for run in runs if run.get("quant", "bf16") != "bf16"]
+    if e4m3:
+        line += f", e4m3 GEMM {min(e4m3):.0f}-{max(e4m3):.0f} TFLOP/s (the fp8 floors' rate)"
+    print(line + f" ({runs[0]['device']}).")
 
 
 if __name__ == "__main__":
