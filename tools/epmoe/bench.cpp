@@ -93,10 +93,11 @@ int run_bench(const std::vector<std::string>& arguments) {
             "roofline floor max(bytes / bandwidth, flops / rate) and the ratio time / floor.\n"
             "Bytes count each local expert's weights once if any pair touches it, plus x, the\n"
             "logits and y; flops are 2 * pairs * 3 * H * I. Both ceilings are measured at start:\n"
-            "on the GPU a 2 GiB device copy and an 8192^3 cuBLAS bf16 GEMM; runs there are CUDA\n"
-            "graph replays timed with events, rotating inputs and weight copies past the L2.");
+            "on the GPU a 2 GiB device copy and an 8192^3 cuBLAS bf16 GEMM (e4m3 cuBLASLt for fp8).\n"
+            "On the GPU a run is one replay of a CUDA graph of several calls in a row, rotating\n"
+            "inputs and weight copies past the L2, timed with events; a call is its share.");
   declare_problem_options(args, "1,16,64");
-  args.option("iterations", "N", "timed runs per size (median reported)", "5");
+  args.option("iterations", "N", "timed runs per size (median reported; GPU: graph replays)", "5");
   args.option("json", "FILE", "also write every figure to FILE");
   args.option("device", "D", "cpu or cuda", "cuda when built with CUDA and a GPU is present, else cpu");
   args.option("strategy", "S", "time the whole layer split over --ep ranks by EpMoe (replicate_all_reduce, "

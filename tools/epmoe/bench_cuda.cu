@@ -2,10 +2,11 @@
 // device-to-device copy, bytes read + written; an 8192^3 bf16 cuBLAS GEMM on random data,
 // or for fp8 schemes an 8192^3 e4m3 cuBLASLt GEMM), fills rank 0's local experts with random
 // weights (bf16, or e4m3 codes with their scales) on the device, and for each T times
-// CUDA-graph replays of the operator with CUDA events (queued back to back, so the host's
-// launch cost is not in the figure), rotating over several input sets
-// (and, where the weights are small, several weight copies) so no run finds the previous
-// run's weights in L2. Prints the median beside the floor of DESIGN.md.
+// replays of one CUDA graph with CUDA events (queued back to back, so the host's launch cost
+// is not in the figure); the graph holds several calls in a row, rotating over input sets
+// (and, where the weights are small, weight copies) so no call finds the previous call's
+// weights in L2, and a call's time is the replay's / calls. Prints the median beside the
+// floor of DESIGN.md.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -336,56 +337,64 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     Result<DeviceBuffer> workspace = DeviceBuffer::allocate(moe_workspace_bytes(base.spec, shape.value()));
     if (!workspace.ok()) return usage_error("bench", workspace.status().to_string());
 
-    // One graph per (input set, weight copy) pairing of the rotation.
+    // One graph holds the whole rotation: `rotation` calls back to back, each on its own
+    // (input set, weight copy) pairing, as a model's layers follow one another in a served
+    // graph. A call's time is one replay's time / rotation (vLLM's benchmark_moe divides a
+    // graph of 10 calls the same way); the median is taken over the replays.
     const int rotation = std::max(kInputSets, copies);
     cudaStream_t stream;
     BENCH_CHECK(cudaStreamCreate(&stream));
-    std::vector<cudaGraphExec_t> graphs;
-    for (int r = 0; r < rotation; ++r) {
-      const MoeWeights w = weights_of(r % copies);
-      const CudaWorkspace ws{workspace->data(), workspace->bytes()};
-      const Status warm = moe_forward_cuda(base.spec, w, inputs[r % kInputSets], out_view, ws, stream);
+    const CudaWorkspace ws{workspace->data(), workspace->bytes()};
+    for (int r = 0; r < rotation; ++r) {  // warm-up, and any error surfaces outside the capture
+      const Status warm = moe_forward_cuda(base.spec, weights_of(r % copies), inputs[r % kInputSets], out_view, ws, stream);
       if (!warm.ok()) return usage_error("bench", warm.to_string());
-      cudaGraph_t graph;
-      BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-      const Status captured = moe_forward_cuda(base.spec, w, inputs[r % kInputSets], out_view, ws, stream);
-      BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
-      if (!captured.ok()) return usage_error("bench", captured.to_string());
-      cudaGraphExec_t exec;
-      BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      BENCH_CHECK(cudaGraphDestroy(graph));
-      graphs.push_back(exec);
     }
-    for (cudaGraphExec_t exec : graphs) BENCH_CHECK(cudaGraphLaunch(exec, stream));
+    cudaGraph_t graph;
+    BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const Status captured = [&]() -> Status {
+      for (int r = 0; r < rotation; ++r)
+        EPMOE_RETURN_IF_ERROR(moe_forward_cuda(base.spec, weights_of(r % copies), inputs[r % kInputSets], out_view, ws, stream));
+      return {};
+    }();
+    BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+    if (!captured.ok()) return usage_error("bench", captured.to_string());
+    cudaGraphExec_t exec;
+    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    BENCH_CHECK(cudaGraphDestroy(graph));
+    BENCH_CHECK(cudaGraphLaunch(exec, stream));
     BENCH_CHECK(cudaStreamSynchronize(stream));
-    // All runs are queued back to back, each between its own pair of events, so the host's
+    // Replays are queued back to back, each between its own pair of events, so the host's
     // launch cost stays out of the device time (it runs ahead while the GPU works).
-    const int runs = std::max(iterations, rotation);
-    std::vector<cudaEvent_t> events(2 * runs);
+    const int replays = iterations;
+    std::vector<cudaEvent_t> events(2 * replays);
     for (cudaEvent_t& event : events) BENCH_CHECK(cudaEventCreate(&event));
-    for (int i = 0; i < runs; ++i) {
+    for (int i = 0; i < replays; ++i) {
       BENCH_CHECK(cudaEventRecord(events[2 * i], stream));
-      BENCH_CHECK(cudaGraphLaunch(graphs[i % rotation], stream));
+      BENCH_CHECK(cudaGraphLaunch(exec, stream));
       BENCH_CHECK(cudaEventRecord(events[2 * i + 1], stream));
     }
     BENCH_CHECK(cudaStreamSynchronize(stream));
     std::vector<float> times;
-    double floor_sum = 0;
-    Workload mean;
-    for (int i = 0; i < runs; ++i) {
+    for (int i = 0; i < replays; ++i) {
       float ms = 0;
       BENCH_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
-      times.push_back(ms);
-      const Workload& w = workloads[(i % rotation) % kInputSets];
+      times.push_back(ms / rotation);
+    }
+    for (cudaEvent_t event : events) cudaEventDestroy(event);
+    cudaGraphExecDestroy(exec);
+    cudaStreamDestroy(stream);
+    // The floor and the work of one call: their means over the rotation.
+    const int runs = rotation;
+    double floor_sum = 0;
+    Workload mean;
+    for (int r = 0; r < rotation; ++r) {
+      const Workload& w = workloads[r % kInputSets];
       floor_sum += std::max(w.bytes / ceilings->bytes_per_second, w.flops / ceilings->flops_per_second);
       mean.local_pairs += w.local_pairs;
       mean.experts_touched += w.experts_touched;
       mean.bytes += w.bytes;
       mean.flops += w.flops;
     }
-    for (cudaEvent_t event : events) cudaEventDestroy(event);
-    for (cudaGraphExec_t exec : graphs) cudaGraphExecDestroy(exec);
-    cudaStreamDestroy(stream);
     const double seconds = median(times) * 1e-3;
     const double floor_seconds = floor_sum / runs;
     const double bytes = mean.bytes / runs, flops = mean.flops / runs;
@@ -398,7 +407,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     results.push_back({{"tokens", T}, {"local_pairs", mean.local_pairs / runs},
                        {"experts_touched", mean.experts_touched / runs}, {"seconds", seconds}, {"bytes", bytes},
                        {"flops", flops}, {"floor_seconds", floor_seconds}, {"ratio", seconds / floor_seconds},
-                       {"bound", bandwidth_bound ? "memory" : "math"}, {"runs", runs}});
+                       {"bound", bandwidth_bound ? "memory" : "math"}, {"calls_per_graph", rotation}, {"replays", replays}});
   }
   if (!json_path.empty()) {
     const nlohmann::json document = {
