@@ -27,6 +27,7 @@
 
 #include <algorithm>
 
+#include "fp8_codes.cuh"
 #include "launch.cuh"
 #include "launchers.h"
 
@@ -172,6 +173,41 @@ __device__ void store_pair(uint16_t* destination, float first, float second) {
 // k * k_stride.
 __device__ int32_t scale_index(const ScaleGrid& grid, int64_t n, int group) {
   return static_cast<int32_t>((n / grid.block_n) * grid.row_stride + group * grid.group_stride);
+}
+
+// GEMM1's fused quantisation (EpilogueQuantize): called by every thread of a CTA whose bf16
+// outputs (rows [first_slot, + rows), columns [first_col, + tile_cols) of c) are written.
+// The last CTA of the scope to arrive quantises the scope, one warp per row.
+__device__ void quantize_output(const EpilogueQuantize& q, const uint16_t* c, int64_t c_stride, int tile,
+                                int32_t first_slot, int rows, int64_t first_col, int tile_cols, int64_t out_cols) {
+  int64_t begin = first_col, end = min(first_col + tile_cols, out_cols), scope = -1;
+  if (q.granularity == Fp8Granularity::kPerGroup) {
+    begin = first_col / q.group * q.group;
+    end = min(begin + q.group, out_cols);
+    scope = tile * q.scopes_per_tile + first_col / q.group;
+  } else if (q.granularity == Fp8Granularity::kPerRow) {
+    begin = 0;
+    end = out_cols;
+    scope = tile;
+  }
+  const int arrivals = static_cast<int>((end - begin + tile_cols - 1) / tile_cols);  // CTAs writing the scope
+  __shared__ bool last;
+  __threadfence();  // this CTA's outputs are visible to every SM before its arrival is
+  __syncthreads();
+  if (threadIdx.x == 0) last = arrivals == 1 || atomicAdd(q.arrivals + scope, 1) == arrivals - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int row = warp; row < rows; row += warps) {
+    const int64_t slot = first_slot + row, at = slot * c_stride + begin;
+    const float scale = quantize_span(c + at, q.codes + at, end - begin, q.static_scale, lane);
+    if (lane != 0) continue;
+    if (q.granularity == Fp8Granularity::kPerGroup)
+      q.scales[slot * ((c_stride + q.group - 1) / q.group) + begin / q.group] = scale;
+    else if (q.granularity == Fp8Granularity::kPerRow)
+      q.scales[slot] = scale;
+  }
 }
 
 // How a GEMM applies fp8 scales: none (bf16); per K tile, as the tile's sums are added to
@@ -479,6 +515,12 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
         }
       }
     }
+  }
+  if constexpr (kGated && kFp8) {
+    static_assert(128 % (Cfg::kCols / 2) == 0, "a group of 128 columns (GPU fp8_block) spans whole column tiles");
+    if (groups.quantize.codes)
+      quantize_output(groups.quantize, groups.c, groups.c_stride, tile, first_slot,
+                      min(Cfg::kRows, group_end - first_slot), first_col, Cfg::kCols / 2, out_cols);
   }
 }
 

@@ -32,6 +32,9 @@ struct PairLayout {
   int32_t* tile_group;     // [max_tiles] group of each row tile of the GEMMs
   int32_t* tile_row;       // [max_tiles] first slot of each row tile
   int32_t* tile_count;     // [1] number of tiles
+  // Arrival counters of GEMM1's fused quantisation (EpilogueQuantize), zeroed by sort_pairs.
+  int32_t* arrivals = nullptr;
+  int64_t arrival_count = 0;
 };
 // Upper bound on row tiles of height `tile_rows` over `slots` slots in `groups` groups.
 int64_t max_row_tiles(int64_t slots, int64_t groups, int tile_rows);
@@ -48,6 +51,24 @@ cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map
 struct ScaleGrid {
   const float* scales = nullptr;
   int64_t block_n = 1, row_stride = 0, k_stride = 0, group_stride = 0;
+};
+// How fp8 activations are scaled: per row and group of columns (fp8_block), per row
+// (dynamic per token), or per tensor.
+enum class Fp8Granularity { kPerGroup, kPerRow, kPerTensor };
+// Gated fp8 GEMM1: its epilogue also quantises the bf16 output for GEMM2, into the codes and
+// scales launch_quantize_fp8 would write. A scope (a row tile's group of `group` columns, or
+// its whole rows) spans several column tiles: each CTA counts its arrival once its outputs
+// are written, and the last to arrive quantises the scope (reading it back from L2). A
+// static per-tensor scale needs no count: each CTA quantises its own tile. (A dynamic
+// per-tensor amax spans an expert's every tile and stays a separate pass.)
+struct EpilogueQuantize {
+  uint8_t* codes = nullptr;  // [slots, c_stride]; null: no quantisation
+  float* scales = nullptr;   // kPerGroup [slots, ceil(c_stride / group)], kPerRow [slots]
+  Fp8Granularity granularity = Fp8Granularity::kPerGroup;
+  int64_t group = 0;                    // kPerGroup: columns per scale
+  const float* static_scale = nullptr;  // kPerTensor
+  int32_t* arrivals = nullptr;          // [tiles, scopes_per_tile], zero at launch
+  int64_t scopes_per_tile = 0;
 };
 struct GemmGroups {
   const void* a_routed;      // A of the local experts' groups [*, K]
@@ -69,6 +90,7 @@ struct GemmGroups {
   // e4m3 A and B (K a multiple of 16) with their scales; false: bf16.
   bool fp8 = false;
   ScaleGrid a_routed_scale, a_shared_scale, b_routed_scale, b_shared_scale;
+  EpilogueQuantize quantize;  // gated fp8 only
 };
 // gated: B rows are [gate; up] (N = 2 I) and C[slot, i] = act(gate_i) * up_i, i < I.
 cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
@@ -104,7 +126,6 @@ cudaError_t launch_scale_rows(const uint16_t* x, const float* topk_weights, int6
 //   kPerTensor: scales [1], or [row_groups.count] (one per group of rows) with row_groups;
 //     from `static_scale` when given, else from the amax, which needs `amax_bits` (one
 //     uint32 of device scratch per scale).
-enum class Fp8Granularity { kPerGroup, kPerRow, kPerTensor };
 // Rows grouped by expert (PairLayout's group_offsets): rows past the last group are unused;
 // rows of `shared_group` hold shared_cols values, the others cols.
 struct RowGroups {

@@ -1,7 +1,8 @@
 // The CUDA MoE operator: validation, the workspace layout, and the pipeline of DESIGN.md
 // (route, map and sort, GEMM1 + activation, GEMM2, combine) as one stream of launches with
-// no host synchronisation and no allocation. fp8 schemes quantise GEMM1's input and the
-// activated intermediate (bf16, then e4m3 codes and scales) before each e4m3 GEMM.
+// no host synchronisation and no allocation. fp8 schemes quantise GEMM1's input before it,
+// and GEMM1's epilogue quantises the activated intermediate for GEMM2 (a separate pass only
+// for a dynamic per-tensor scale).
 #include <algorithm>
 #include <cstddef>
 #include <string>
@@ -55,6 +56,7 @@ struct WorkspaceLayout {
   uint8_t* intermediate_codes;   // [slots, max(I, I_s)]
   float* intermediate_scales;
   uint32_t* amax_bits;           // [groups] dynamic per-tensor amax
+  int64_t arrival_scopes = 0;    // GEMM1's fused quantisation: counted scopes per row tile
   bool separate_shared_input = false;  // fp8, shared experts and routed rows x * router weight
   int tile_rows = 0;
   int64_t max_tiles = 0;
@@ -99,6 +101,12 @@ struct WorkspaceLayout {
     take(intermediate_codes, fp8 ? slots * widest : 0);
     take(intermediate_scales, fp8 ? activation_scale_count(spec.quant, slots, widest, groups) : 0);
     take(amax_bits, fp8 ? groups : 0);
+    arrival_scopes = !fp8 ? 0
+                     : spec.quant.scheme == QuantScheme::kFp8Block ? (widest + spec.quant.block_k - 1) / spec.quant.block_k
+                     : spec.quant.scheme == QuantScheme::kFp8Channel ? 1
+                                                                      : 0;
+    pairs.arrival_count = max_tiles * arrival_scopes;
+    take(pairs.arrivals, pairs.arrival_count);
   }
 };
 
@@ -145,6 +153,25 @@ Status check_gpu_limits(const MoeSpec& spec, const MoeShape& shape, const MoeInp
   return {};
 }
 
+// The grid of activation scales as the quantiser writes them for rows of `stride` values
+// (a static per-tensor scale when given; per tensor over expert groups: one per group).
+cuda::ScaleGrid activation_grid(const QuantSpec& quant, float* scales, int64_t stride, const float* static_scale,
+                                bool grouped_rows) {
+  cuda::ScaleGrid grid{scales};
+  switch (activation_granularity(quant.scheme)) {
+    case cuda::Fp8Granularity::kPerGroup:
+      grid.row_stride = (stride + quant.block_k - 1) / quant.block_k;
+      grid.k_stride = 1;  // a K tile is one group of 128
+      break;
+    case cuda::Fp8Granularity::kPerRow: grid.row_stride = 1; break;
+    case cuda::Fp8Granularity::kPerTensor:
+      if (static_scale) grid.scales = static_scale;
+      grid.group_stride = grouped_rows && !static_scale ? 1 : 0;
+      break;
+  }
+  return grid;
+}
+
 // Quantised activation rows: their codes and the grid of their scales for the GEMM.
 struct Fp8Input {
   Status status;
@@ -162,18 +189,7 @@ Fp8Input quantize_input(const QuantSpec& quant, const uint16_t* values, int64_t 
   q.static_scale = static_scale ? static_scale->data_as<float>() : nullptr;
   q.amax_bits = amax_bits;
   q.row_groups = row_groups;
-  cuda::ScaleGrid grid{scales};
-  switch (q.granularity) {
-    case cuda::Fp8Granularity::kPerGroup:
-      grid.row_stride = (stride + quant.block_k - 1) / quant.block_k;
-      grid.k_stride = 1;  // a K tile is one group of 128
-      break;
-    case cuda::Fp8Granularity::kPerRow: grid.row_stride = 1; break;
-    case cuda::Fp8Granularity::kPerTensor:  // the static scale, or one per group of rows (expert), or one
-      if (q.static_scale) grid.scales = q.static_scale;
-      grid.group_stride = row_groups.offsets && !q.static_scale ? 1 : 0;
-      break;
-  }
+  const cuda::ScaleGrid grid = activation_grid(quant, scales, stride, q.static_scale, row_groups.offsets != nullptr);
   const cudaError_t error = cuda::launch_quantize_fp8(q, stream);
   if (error != cudaSuccess)
     return {Status(StatusCode::kInternal, std::string("launch_quantize_fp8: ") + cudaGetErrorString(error)), codes, grid};
@@ -241,6 +257,11 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
 
   const int64_t widest = std::max(s.intermediate, s.shared_intermediate);
   const bool fp8 = is_fp8(spec.quant.scheme);
+  // GEMM1 quantises its own output for GEMM2 unless that takes a dynamic per-tensor amax.
+  const float* intermediate_static_scale =
+      weights.intermediate_scale ? weights.intermediate_scale->data_as<float>() : nullptr;
+  const bool fuse_quantize = fp8 && (activation_granularity(spec.quant.scheme) != cuda::Fp8Granularity::kPerTensor ||
+                                     intermediate_static_scale != nullptr);
   const int groups = static_cast<int>(s.num_local_experts) + (shared ? 1 : 0);
   cuda::GemmGroups gemm1{};
   gemm1.a_routed = routed_input;
@@ -273,6 +294,16 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
     gemm1.a_shared_scale = shared_input.grid;
     gemm1.b_routed_scale = weight_grid(spec.quant, weights.w13_scale, gemm1.n, gemm1.k, true);
     if (shared) gemm1.b_shared_scale = weight_grid(spec.quant, weights.shared_w13_scale, gemm1.n_shared, gemm1.k, false);
+    if (fuse_quantize) {
+      cuda::EpilogueQuantize& q = gemm1.quantize;
+      q.codes = layout.intermediate_codes;
+      q.scales = layout.intermediate_scales;
+      q.granularity = activation_granularity(spec.quant.scheme);
+      q.group = spec.quant.block_k;
+      q.static_scale = intermediate_static_scale;
+      q.arrivals = layout.pairs.arrivals;
+      q.scopes_per_tile = layout.arrival_scopes;
+    }
   }
   CUDA_CHECK(cuda::launch_grouped_gemm(gemm1, layout.pairs, layout.max_tiles, /*gated=*/true, spec.activation,
                                        layout.tile_rows, stream));
@@ -296,16 +327,24 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
     gemm2.partial_stride = layout.slots * s.hidden;
   }
   if (fp8) {
-    // The activated intermediate, rows grouped by expert (per tensor: one scale per expert).
-    const cuda::RowGroups row_groups{layout.pairs.group_offsets, groups, shared ? groups - 1 : -1,
-                                     s.shared_intermediate};
-    const Fp8Input intermediate =
-        quantize_input(spec.quant, layout.intermediate, layout.slots, s.intermediate, widest, layout.intermediate_codes,
-                       layout.intermediate_scales, weights.intermediate_scale, row_groups, layout.amax_bits, stream);
-    EPMOE_RETURN_IF_ERROR(intermediate.status);
+    // The activated intermediate, rows grouped by expert (per tensor: one scale per expert),
+    // quantised by GEMM1's epilogue, or here when its scale is a dynamic per-tensor amax.
+    if (fuse_quantize) {
+      gemm2.a_routed_scale =
+          activation_grid(spec.quant, layout.intermediate_scales, widest, intermediate_static_scale, true);
+    } else {
+      const cuda::RowGroups row_groups{layout.pairs.group_offsets, groups, shared ? groups - 1 : -1,
+                                       s.shared_intermediate};
+      const Fp8Input intermediate =
+          quantize_input(spec.quant, layout.intermediate, layout.slots, s.intermediate, widest,
+                         layout.intermediate_codes, layout.intermediate_scales, weights.intermediate_scale, row_groups,
+                         layout.amax_bits, stream);
+      EPMOE_RETURN_IF_ERROR(intermediate.status);
+      gemm2.a_routed_scale = intermediate.grid;
+    }
     gemm2.fp8 = true;
     gemm2.a_routed = gemm2.a_shared = layout.intermediate_codes;
-    gemm2.a_routed_scale = gemm2.a_shared_scale = intermediate.grid;
+    gemm2.a_shared_scale = gemm2.a_routed_scale;
     gemm2.b_routed_scale = weight_grid(spec.quant, weights.w2_scale, gemm2.n, gemm2.k, true);
     if (shared)
       gemm2.b_shared_scale = weight_grid(spec.quant, weights.shared_w2_scale, gemm2.n_shared, gemm2.k_shared, false);

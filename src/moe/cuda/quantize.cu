@@ -1,7 +1,5 @@
 // FP8 (e4m3) quantisation of bf16 activations, code for code what the CPU quantiser
-// (include/epmoe/quantize.h) produces: scale = max(amax, 1e-10) / 448 per block, codes =
-// e4m3(value / scale) saturating (IEEE division, as on the CPU), and a NaN anywhere in a
-// block makes its scale and codes NaN.
+// produces (fp8_codes.cuh):
 //   per group (fp8_block, group = block_k): one warp per (row, group), two passes over the
 //     group's values (amax, then codes);
 //   per row (fp8_channel, dynamic per token): one block per row, the same two passes;
@@ -10,12 +8,12 @@
 //     in expert groups (GEMM2's input), one amax and one scale per group.
 // Rows in groups (RowGroups) may be narrower than the row stride (the shared experts' I_s
 // beside the routed I), and rows past the last group hold nothing and are skipped.
-// Bound by reading the values (twice per block, the second time from L1/L2).
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
-
+// Bound by reading the values (twice per block, the second time from L1/L2). The kernels
+// are chained launches (launch.cuh) like the rest of the pipeline.
 #include <algorithm>
 
+#include "fp8_codes.cuh"
+#include "launch.cuh"
 #include "launchers.h"
 
 namespace epmoe::cuda {
@@ -24,36 +22,16 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
-constexpr float kMaxCode = 448.0f;
-constexpr float kMinAmax = 1e-10f;
-constexpr uint32_t kNanBits = 0x7fc00000u;  // above +inf (0x7f800000) as an unsigned number
 
 __device__ float load(const uint16_t* values, int64_t i) { return __bfloat162float(__ushort_as_bfloat16(values[i])); }
 
-__device__ float scale_for_amax(uint32_t amax_bits) {
-  const float amax = __uint_as_float(amax_bits);
-  return isnan(amax) ? __uint_as_float(kNanBits) : fmaxf(amax, kMinAmax) / kMaxCode;
-}
-
-__device__ uint8_t encode(float value, float scale) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(value / scale, __NV_SATFINITE, __NV_E4M3));
-}
-
-// |value| as ordered bits; NaN maps above every number.
-__device__ uint32_t magnitude_bits(float value) { return isnan(value) ? kNanBits : __float_as_uint(fabsf(value)); }
-
-__device__ uint32_t warp_max(uint32_t bits) {
-  for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
-  return bits;
-}
-
 __device__ uint32_t block_max(uint32_t bits) {
   __shared__ uint32_t partial[kWarpsPerBlock];
-  bits = warp_max(bits);
+  bits = warp_max_bits(bits);
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = bits;
   __syncthreads();
   bits = threadIdx.x < kWarpsPerBlock ? partial[threadIdx.x] : 0;
-  if (threadIdx.x < 32) bits = warp_max(bits);
+  if (threadIdx.x < 32) bits = warp_max_bits(bits);
   if (threadIdx.x == 0) partial[0] = bits;
   __syncthreads();
   return partial[0];
@@ -79,22 +57,23 @@ __device__ RowPlace place_of(const Fp8Quantize& q, int64_t row) {
 }
 
 __global__ void quantize_groups_kernel(Fp8Quantize q) {
+  allow_successor();
+  wait_for_predecessor();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
   const RowPlace place = place_of(q, row);
   const int64_t group = blockIdx.y * static_cast<int64_t>(kWarpsPerBlock) + warp;
   if (!place.used || group * q.group >= place.width) return;
   const int64_t begin = row * q.stride + group * q.group;
-  const int64_t width = min(q.group, place.width - group * q.group);
-  uint32_t amax = 0;
-  for (int64_t i = lane; i < width; i += 32) amax = max(amax, magnitude_bits(load(q.values, begin + i)));
-  const float scale = scale_for_amax(warp_max(amax));
-  for (int64_t i = lane; i < width; i += 32) q.codes[begin + i] = encode(load(q.values, begin + i), scale);
+  const float scale = quantize_span(q.values + begin, q.codes + begin, min(q.group, place.width - group * q.group),
+                                    nullptr, lane);
   if (lane == 0) q.scales[row * ((q.stride + q.group - 1) / q.group) + group] = scale;
 }
 
 // Per row: the scale of the row; per tensor over groups: the amax of the row into its group's.
 __global__ void quantize_rows_kernel(Fp8Quantize q) {
+  allow_successor();
+  wait_for_predecessor();
   const int64_t row = blockIdx.x;
   const RowPlace place = place_of(q, row);
   if (!place.used) return;
@@ -107,19 +86,21 @@ __global__ void quantize_rows_kernel(Fp8Quantize q) {
     return;
   }
   const float scale = scale_for_amax(amax);
-  for (int64_t i = threadIdx.x; i < place.width; i += kThreads) q.codes[begin + i] = encode(load(q.values, begin + i), scale);
+  for (int64_t i = threadIdx.x; i < place.width; i += kThreads) q.codes[begin + i] = encode_e4m3(load(q.values, begin + i), scale);
   if (threadIdx.x == 0) q.scales[row] = scale;
 }
 
 // Per tensor over rows (with or without groups): codes from the static scale or the amax.
 __global__ void tensor_codes_kernel(Fp8Quantize q) {
+  allow_successor();
+  wait_for_predecessor();
   const int64_t row = blockIdx.x;
   const RowPlace place = place_of(q, row);
   if (!place.used) return;
   const int group = max(place.group, 0);
   const float scale = q.static_scale ? *q.static_scale : scale_for_amax(q.amax_bits[group]);
   const int64_t begin = row * q.stride;
-  for (int64_t i = threadIdx.x; i < place.width; i += kThreads) q.codes[begin + i] = encode(load(q.values, begin + i), scale);
+  for (int64_t i = threadIdx.x; i < place.width; i += kThreads) q.codes[begin + i] = encode_e4m3(load(q.values, begin + i), scale);
   const bool first_of_group = q.row_groups.offsets ? row == q.row_groups.offsets[group] : row == 0;
   if (threadIdx.x == 0 && first_of_group) q.scales[group] = scale;
 }
@@ -128,27 +109,33 @@ __global__ void tensor_codes_kernel(Fp8Quantize q) {
 
 cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream) {
   if (q.rows == 0) return cudaSuccess;
+  static const cudaError_t carveout = [] {
+    for (const void* kernel : {reinterpret_cast<const void*>(quantize_groups_kernel),
+                               reinterpret_cast<const void*>(quantize_rows_kernel),
+                               reinterpret_cast<const void*>(tensor_codes_kernel)})
+      if (const cudaError_t e = prefer_max_shared_memory(kernel); e != cudaSuccess) return e;
+    return cudaSuccess;
+  }();
+  if (carveout != cudaSuccess) return carveout;
   const unsigned rows = static_cast<unsigned>(q.rows);
   switch (q.granularity) {
     case Fp8Granularity::kPerGroup: {
       const int64_t groups_per_row = (q.stride + q.group - 1) / q.group;
       const dim3 grid(rows, static_cast<unsigned>((groups_per_row + kWarpsPerBlock - 1) / kWarpsPerBlock));
-      quantize_groups_kernel<<<grid, kThreads, 0, stream>>>(q);
-      return cudaGetLastError();
+      return launch_chained(quantize_groups_kernel, grid, dim3(kThreads), 0, stream, q);
     }
     case Fp8Granularity::kPerRow:
-      quantize_rows_kernel<<<rows, kThreads, 0, stream>>>(q);
-      return cudaGetLastError();
+      return launch_chained(quantize_rows_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
     case Fp8Granularity::kPerTensor:
       if (!q.static_scale) {
         const int groups = q.row_groups.offsets ? q.row_groups.count : 1;
         if (const cudaError_t e = cudaMemsetAsync(q.amax_bits, 0, groups * sizeof(uint32_t), stream); e != cudaSuccess)
           return e;
-        quantize_rows_kernel<<<rows, kThreads, 0, stream>>>(q);
-        if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+        if (const cudaError_t e = launch_chained(quantize_rows_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
+            e != cudaSuccess)
+          return e;
       }
-      tensor_codes_kernel<<<rows, kThreads, 0, stream>>>(q);
-      return cudaGetLastError();
+      return launch_chained(tensor_codes_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
   }
   return cudaErrorInvalidValue;
 }

@@ -3,7 +3,8 @@
 //   1. count: each pair's group (ids outside [0, E) and experts mapped to -1 get none),
 //      counted with shared-memory atomics;
 //   2. scan: group offsets, and each group's ceil(count / tile_rows) row tiles;
-//   3. place: each pair takes the next slot of its group (a shared-memory cursor).
+//   3. place: each pair takes the next slot of its group (a shared-memory cursor);
+// and it zeroes the arrival counters of GEMM1's fused quantisation.
 // The order of slots inside a group depends on the atomics, but nothing downstream depends
 // on it: a GEMM row's result does not depend on which rows share its tile, and the combine
 // reads each pair's slot in the fixed order j = 0..k-1, so the output is bitwise the same.
@@ -37,6 +38,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int g = threadIdx.x; g < groups; g += kThreads) cursor[g] = 0;
   __syncthreads();
   wait_for_predecessor();
+  // After the wait: the previous call's GEMM1 has finished with the counters.
+  for (int64_t i = threadIdx.x; i < layout.arrival_count; i += kThreads) layout.arrivals[i] = 0;
   for (int64_t p = threadIdx.x; p < pairs; p += kThreads) {
     const int group = local_group(topk_ids[p], expert_map, num_experts);
     if (group >= 0) atomicAdd(&cursor[group], 1);
