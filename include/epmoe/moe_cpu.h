@@ -2,10 +2,10 @@
 // the pipeline of DESIGN.md (route, map and sort, GEMM1 + activation, GEMM2, combine) in
 // f32 and rounds where the GPU path rounds:
 //   - x * router weight (apply_router_weight_on_input) is rounded to x's dtype;
-//   - fp8 schemes quantise GEMM1's input per the scheme and GEMM2's input from the f32
-//     activation output; a GEMM applies the product of its two scales per K block
-//     (per 128-block for fp8_block, once per row for the others);
 //   - bf16 inputs: the activation output and each pair's GEMM2 output are rounded to bf16;
+//   - fp8 schemes quantise GEMM1's input per the scheme and GEMM2's input from the
+//     activation output (after that bf16 rounding); a GEMM applies the product of its two
+//     scales per K block (per 128-block for fp8_block, once per row for the others);
 //   - combine sums w_tj * out_pair over j = 0..k-1 in order, then the shared experts, in
 //     f32, and rounds once to the output dtype.
 #pragma once

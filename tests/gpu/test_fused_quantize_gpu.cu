@@ -111,15 +111,17 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   gemm.k = gemm.k_shared = K;
   gemm.n_shared = n_shared;
   gemm.local_experts = kLocalExperts;
-  const float static_scale = 1e-4f;  // the outputs are ~1e-4 to 1e-2: codes from small to saturated
-  const float* static_scale_on_device = upload_vector(std::vector<float>{static_scale}, storage);
+  // Per tensor: x's static scale, and the intermediate's, under which outputs of 1e-5 to 0.1
+  // give codes from subnormal to saturated.
+  const float* x_scale = upload_vector(std::vector<float>{0.05f}, storage);
+  const float* intermediate_scale = upload_vector(std::vector<float>{1e-4f}, storage);
   if (per_group) {
     gemm.a_routed_scale = {upload_vector(random_scales(T * blocks_k, rng), storage), 1, blocks_k, 1, 0};
     gemm.b_routed_scale = {upload_vector(random_scales(kLocalExperts * (n / 128) * blocks_k, rng), storage), 128,
                            blocks_k, 1, (n / 128) * blocks_k};
     gemm.b_shared_scale = {upload_vector(random_scales((n_shared / 128) * blocks_k, rng), storage), 128, blocks_k, 1, 0};
   } else if (per_tensor) {
-    gemm.a_routed_scale = {static_scale_on_device, 1, 0, 0, 0};
+    gemm.a_routed_scale = {x_scale, 1, 0, 0, 0};
     gemm.b_routed_scale = {upload_vector(random_scales(kLocalExperts, rng), storage), n, 1, 0, 1};
     gemm.b_shared_scale = {upload_vector(random_scales(1, rng), storage), n_shared, 1, 0, 0};
   } else {
@@ -137,7 +139,7 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   q.scales = upload_vector(std::vector<float>(scale_count, NAN), storage);
   q.granularity = c.granularity;
   q.group = 128;
-  q.static_scale = per_tensor ? static_scale_on_device : nullptr;
+  q.static_scale = per_tensor ? intermediate_scale : nullptr;
   q.arrivals = layout.arrivals;
   q.scopes_per_tile = scopes;
   ASSERT_EQ(cuda::launch_grouped_gemm(gemm, layout, max_tiles, /*gated=*/true, Activation::kSilu, tile_rows, nullptr),

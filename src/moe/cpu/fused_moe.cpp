@@ -299,8 +299,9 @@ class CpuMoe {
                     });
   }
 
-  // act(gate) * up per slot, then the rounding GEMM2's input gets: fp8 per the scheme
-  // (per tensor: the static scale, or one dynamic scale per job), else bf16 for bf16 x.
+  // act(gate) * up per slot, rounded to bf16 for bf16 x (the tensor the GPU's GEMM1 writes),
+  // then for fp8 schemes quantised per the scheme (per tensor: the static scale, or one
+  // dynamic scale per job) from those bf16 values, as vLLM and DeepSeek's kernels quantise it.
   void activate_and_quantize() {
     const int64_t width = widest_intermediate_;
     intermediate_.resize(jobs_.size());
@@ -314,7 +315,7 @@ class CpuMoe {
         const float* gate_up = gate_up_.data() + (job.first_slot + r) * 2 * width;
         for (int64_t i = 0; i < I; ++i) {
           const float value = activate(spec_.activation, gate_up[i]) * gate_up[I + i];
-          rows.values[r * I + i] = round_bf16_ && !is_fp8(spec_.quant.scheme) ? round_to_bf16(value) : value;
+          rows.values[r * I + i] = round_bf16_ ? round_to_bf16(value) : value;
         }
       }
       quantize_activations(spec_.quant, weights_.intermediate_scale, rows);
