@@ -70,8 +70,7 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   const int groups = kLocalExperts + 1;  // + the shared experts
   const int64_t T = c.tokens, pairs = T * kTopK, slots = pairs + T;
   const int64_t K = kHidden, blocks_k = K / 128;
-  const bool per_group = c.granularity == cuda::Fp8Granularity::kPerGroup;
-  const bool per_tensor = c.granularity == cuda::Fp8Granularity::kPerTensor;
+  const bool per_group = c.granularity == cuda::Fp8Granularity::kPerGroup;  // else a static per-tensor scale
 
   // Routing: each token picks kTopK distinct local experts.
   std::vector<int32_t> ids(pairs);
@@ -82,7 +81,7 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   }
   const int tile_rows = cuda::choose_tile_rows(slots, groups, true);
   const int64_t max_tiles = cuda::max_row_tiles(slots, groups, tile_rows);
-  const int64_t scopes = per_group ? (kIntermediate + 127) / 128 : per_tensor ? 0 : 1;
+  const int64_t scopes = per_group ? (kIntermediate + 127) / 128 : 0;
   cuda::PairLayout layout{};
   layout.group_counts = upload_vector(std::vector<int32_t>(groups), storage);
   layout.group_offsets = upload_vector(std::vector<int32_t>(groups + 1), storage);
@@ -120,26 +119,22 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
     gemm.b_routed_scale = {upload_vector(random_scales(kLocalExperts * (n / 128) * blocks_k, rng), storage), 128,
                            blocks_k, 1, (n / 128) * blocks_k};
     gemm.b_shared_scale = {upload_vector(random_scales((n_shared / 128) * blocks_k, rng), storage), 128, blocks_k, 1, 0};
-  } else if (per_tensor) {
+  } else {
     gemm.a_routed_scale = {x_scale, 1, 0, 0, 0};
     gemm.b_routed_scale = {upload_vector(random_scales(kLocalExperts, rng), storage), n, 1, 0, 1};
     gemm.b_shared_scale = {upload_vector(random_scales(1, rng), storage), n_shared, 1, 0, 0};
-  } else {
-    gemm.a_routed_scale = {upload_vector(random_scales(T, rng), storage), 1, 1, 0, 0};
-    gemm.b_routed_scale = {upload_vector(random_scales(kLocalExperts * n, rng), storage), 1, 1, 0, n};
-    gemm.b_shared_scale = {upload_vector(random_scales(n_shared, rng), storage), 1, 1, 0, 0};
   }
   gemm.a_shared_scale = gemm.a_routed_scale;
   const int64_t widest = kIntermediate;
   gemm.c = upload_vector(std::vector<uint16_t>(slots * widest, 0x7fc1), storage);  // poison: NaN
   gemm.c_stride = widest;
-  const int64_t scale_count = per_group ? slots * ((widest + 127) / 128) : slots;
+  const int64_t scale_count = per_group ? slots * ((widest + 127) / 128) : groups;  // the pass: one per expert
   cuda::EpilogueQuantize& q = gemm.quantize;
   q.codes = upload_vector(std::vector<uint8_t>(slots * widest, 0x55), storage);
   q.scales = upload_vector(std::vector<float>(scale_count, NAN), storage);
   q.granularity = c.granularity;
   q.group = 128;
-  q.static_scale = per_tensor ? intermediate_scale : nullptr;
+  q.static_scale = per_group ? nullptr : intermediate_scale;
   q.arrivals = layout.arrivals;
   q.scopes_per_tile = scopes;
   ASSERT_EQ(cuda::launch_grouped_gemm(gemm, layout, max_tiles, /*gated=*/true, Activation::kSilu, tile_rows, nullptr),
@@ -169,9 +164,9 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
       code_mismatches += fused_codes[slot * widest + i] != pass_codes[slot * widest + i];
       nonzero_codes += (fused_codes[slot * widest + i] & 0x7f) != 0;
     }
-    if (per_tensor) continue;
-    const int64_t per_row = per_group ? (widest + 127) / 128 : 1;
-    for (int64_t g = 0; g < (per_group ? (width + 127) / 128 : 1); ++g)
+    if (!per_group) continue;
+    const int64_t per_row = (widest + 127) / 128;
+    for (int64_t g = 0; g < (width + 127) / 128; ++g)
       scale_mismatches += std::bit_cast<uint32_t>(fused_scales[slot * per_row + g]) !=
                           std::bit_cast<uint32_t>(pass_scales[slot * per_row + g]);
   }
@@ -190,8 +185,6 @@ INSTANTIATE_TEST_SUITE_P(
     Schemes, FusedQuantize,
     ::testing::Values(FusedCase{"per_group_decode_tile", cuda::Fp8Granularity::kPerGroup, 3},
                       FusedCase{"per_group_wgmma_tile", cuda::Fp8Granularity::kPerGroup, 300},
-                      FusedCase{"per_row_decode_tile", cuda::Fp8Granularity::kPerRow, 3},
-                      FusedCase{"per_row_wgmma_tile", cuda::Fp8Granularity::kPerRow, 300},
                       FusedCase{"static_per_tensor_decode_tile", cuda::Fp8Granularity::kPerTensor, 3},
                       FusedCase{"static_per_tensor_wgmma_tile", cuda::Fp8Granularity::kPerTensor, 300}),
     [](const auto& info) { return std::string(info.param.name); });

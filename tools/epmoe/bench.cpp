@@ -98,6 +98,7 @@ int run_bench(const std::vector<std::string>& arguments) {
             "inputs and weight copies past the L2, timed with events; a call is its share.");
   declare_problem_options(args, "1,16,64");
   args.option("iterations", "N", "timed runs per size (median reported; GPU: graph replays)", "5");
+  args.option("graph-calls", "N", "GPU: calls per CUDA graph (0: the whole rotation of inputs in one graph)", "0");
   args.option("json", "FILE", "also write every figure to FILE");
   args.option("device", "D", "cpu or cuda", "cuda when built with CUDA and a GPU is present, else cpu");
   args.option("strategy", "S", "time the whole layer split over --ep ranks by EpMoe (replicate_all_reduce, "
@@ -114,6 +115,8 @@ int run_bench(const std::vector<std::string>& arguments) {
   if (!token_list.ok()) return usage_error("bench", token_list.status().message());
   Result<int64_t> iterations = args.integer("iterations", 1, 1000);
   if (!iterations.ok()) return usage_error("bench", iterations.status().message());
+  Result<int64_t> graph_calls = args.integer("graph-calls", 0, 1000);
+  if (!graph_calls.ok()) return usage_error("bench", graph_calls.status().message());
 
   if (args.given("strategy")) {
     Result<EpStrategy> strategy = parse_ep_strategy(args.text("strategy"));
@@ -126,7 +129,7 @@ int run_bench(const std::vector<std::string>& arguments) {
   if (device == "cuda") {
 #ifdef EPMOE_WITH_CUDA
     return bench_cuda(problem.value(), token_list.value(), static_cast<int>(iterations.value()),
-                      args.given("json") ? args.text("json") : "");
+                      static_cast<int>(graph_calls.value()), args.given("json") ? args.text("json") : "");
 #else
     return usage_error("bench", "--device cuda: this build has no CUDA backend (configure with -DEPMOE_CUDA=ON)");
 #endif

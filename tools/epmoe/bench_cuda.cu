@@ -180,7 +180,7 @@ bool cuda_device_present() {
   return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
 }
 
-int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts, int iterations,
+int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts, int iterations, int graph_calls,
                const std::string& json_path) {
   const RandomCaseOptions& base = problem.options;
   if (base.activation_dtype != DType::kBF16)
@@ -337,40 +337,47 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     Result<DeviceBuffer> workspace = DeviceBuffer::allocate(moe_workspace_bytes(base.spec, shape.value()));
     if (!workspace.ok()) return usage_error("bench", workspace.status().to_string());
 
-    // One graph holds the whole rotation: `rotation` calls back to back, each on its own
-    // (input set, weight copy) pairing, as a model's layers follow one another in a served
-    // graph. A call's time is one replay's time / rotation (vLLM's benchmark_moe divides a
-    // graph of 10 calls the same way); the median is taken over the replays.
+    // Graphs of `calls` calls back to back, each call on its own (input set, weight copy)
+    // pairing of the rotation, as a model's layers follow one another in a served graph (by
+    // default one graph holds the whole rotation). A call's time is its graph's replay time /
+    // its calls (vLLM's benchmark_moe divides a graph of 10 calls the same way); the median
+    // is taken over the replays.
     const int rotation = std::max(kInputSets, copies);
+    const int calls = graph_calls > 0 ? std::min(graph_calls, rotation) : rotation;
     cudaStream_t stream;
     BENCH_CHECK(cudaStreamCreate(&stream));
     const CudaWorkspace ws{workspace->data(), workspace->bytes()};
-    for (int r = 0; r < rotation; ++r) {  // warm-up, and any error surfaces outside the capture
-      const Status warm = moe_forward_cuda(base.spec, weights_of(r % copies), inputs[r % kInputSets], out_view, ws, stream);
-      if (!warm.ok()) return usage_error("bench", warm.to_string());
+    auto call = [&](int r) {
+      return moe_forward_cuda(base.spec, weights_of(r % copies), inputs[r % kInputSets], out_view, ws, stream);
+    };
+    for (int r = 0; r < rotation; ++r)  // warm-up, and any error surfaces outside a capture
+      if (const Status warm = call(r); !warm.ok()) return usage_error("bench", warm.to_string());
+    std::vector<std::pair<cudaGraphExec_t, int>> graphs;  // with their call counts
+    for (int first = 0; first < rotation; first += calls) {
+      const int count = std::min(calls, rotation - first);
+      cudaGraph_t graph;
+      BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      const Status captured = [&]() -> Status {
+        for (int r = first; r < first + count; ++r) EPMOE_RETURN_IF_ERROR(call(r));
+        return {};
+      }();
+      BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+      if (!captured.ok()) return usage_error("bench", captured.to_string());
+      cudaGraphExec_t exec;
+      BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      BENCH_CHECK(cudaGraphDestroy(graph));
+      graphs.emplace_back(exec, count);
     }
-    cudaGraph_t graph;
-    BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    const Status captured = [&]() -> Status {
-      for (int r = 0; r < rotation; ++r)
-        EPMOE_RETURN_IF_ERROR(moe_forward_cuda(base.spec, weights_of(r % copies), inputs[r % kInputSets], out_view, ws, stream));
-      return {};
-    }();
-    BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
-    if (!captured.ok()) return usage_error("bench", captured.to_string());
-    cudaGraphExec_t exec;
-    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    BENCH_CHECK(cudaGraphDestroy(graph));
-    BENCH_CHECK(cudaGraphLaunch(exec, stream));
+    for (const auto& [exec, count] : graphs) BENCH_CHECK(cudaGraphLaunch(exec, stream));
     BENCH_CHECK(cudaStreamSynchronize(stream));
     // Replays are queued back to back, each between its own pair of events, so the host's
     // launch cost stays out of the device time (it runs ahead while the GPU works).
-    const int replays = iterations;
+    const int replays = iterations * static_cast<int>(graphs.size());
     std::vector<cudaEvent_t> events(2 * replays);
     for (cudaEvent_t& event : events) BENCH_CHECK(cudaEventCreate(&event));
     for (int i = 0; i < replays; ++i) {
       BENCH_CHECK(cudaEventRecord(events[2 * i], stream));
-      BENCH_CHECK(cudaGraphLaunch(exec, stream));
+      BENCH_CHECK(cudaGraphLaunch(graphs[i % graphs.size()].first, stream));
       BENCH_CHECK(cudaEventRecord(events[2 * i + 1], stream));
     }
     BENCH_CHECK(cudaStreamSynchronize(stream));
@@ -378,10 +385,10 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     for (int i = 0; i < replays; ++i) {
       float ms = 0;
       BENCH_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
-      times.push_back(ms / rotation);
+      times.push_back(ms / graphs[i % graphs.size()].second);
     }
     for (cudaEvent_t event : events) cudaEventDestroy(event);
-    cudaGraphExecDestroy(exec);
+    for (const auto& [exec, count] : graphs) cudaGraphExecDestroy(exec);
     cudaStreamDestroy(stream);
     // The floor and the work of one call: their means over the rotation.
     const int runs = rotation;
@@ -407,7 +414,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     results.push_back({{"tokens", T}, {"local_pairs", mean.local_pairs / runs},
                        {"experts_touched", mean.experts_touched / runs}, {"seconds", seconds}, {"bytes", bytes},
                        {"flops", flops}, {"floor_seconds", floor_seconds}, {"ratio", seconds / floor_seconds},
-                       {"bound", bandwidth_bound ? "memory" : "math"}, {"calls_per_graph", rotation}, {"replays", replays}});
+                       {"bound", bandwidth_bound ? "memory" : "math"}, {"calls_per_graph", calls}, {"replays", replays}});
   }
   if (!json_path.empty()) {
     const nlohmann::json document = {

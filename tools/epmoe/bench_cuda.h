@@ -12,7 +12,8 @@ namespace epmoe::cli {
 bool cuda_device_present();
 
 // Returns the exit code; prints the table and writes `json_path` when not empty.
-int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts, int iterations,
+// `graph_calls`: calls per CUDA graph (0: the whole rotation of inputs in one graph).
+int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts, int iterations, int graph_calls,
                const std::string& json_path);
 
 }  // namespace epmoe::cli

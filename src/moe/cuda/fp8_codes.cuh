@@ -35,22 +35,34 @@ __device__ inline uint32_t warp_max_bits(uint32_t bits) {
   return bits;
 }
 
+// Four bf16 values packed in 8 bytes, as floats.
+__device__ inline void unpack_bf16x4(uint2 quad, float (&v)[4]) {
+  auto to_float = [](uint32_t bits) { return __bfloat162float(__ushort_as_bfloat16(static_cast<uint16_t>(bits))); };
+  v[0] = to_float(quad.x), v[1] = to_float(quad.x >> 16), v[2] = to_float(quad.y), v[3] = to_float(quad.y >> 16);
+}
+
+// The codes of four values, packed in value order.
+__device__ inline uint32_t encode_e4m3x4(const float (&v)[4], float scale) {
+  return encode_e4m3(v[0], scale) | encode_e4m3(v[1], scale) << 8 | encode_e4m3(v[2], scale) << 16 |
+         uint32_t{encode_e4m3(v[3], scale)} << 24;
+}
+
 // Calls visit(i, v, n) for this lane's share of values[0, width): v[0, n) = values[i, i + n),
 // n = 4 neighbours per 8-byte load when `quads` (width % 4 == 0, values 8-byte aligned), else
-// n = 1. Loads bypass L1 (__ldcg): in GEMM1's epilogue the values were just written by other
-// multiprocessors.
+// n = 1. Loads bypass L1 (__ldcg), as for values other multiprocessors just wrote; eight
+// are in flight at once.
 template <typename Visit>
 __device__ void for_each_value(const uint16_t* values, int64_t width, bool quads, int lane, Visit visit) {
-  auto to_float = [](uint32_t bits) { return __bfloat162float(__ushort_as_bfloat16(static_cast<uint16_t>(bits))); };
   if (quads) {
+#pragma unroll 8
     for (int64_t i = 4 * lane; i < width; i += 128) {
-      const uint2 quad = __ldcg(reinterpret_cast<const uint2*>(values + i));
-      const float v[4] = {to_float(quad.x), to_float(quad.x >> 16), to_float(quad.y), to_float(quad.y >> 16)};
+      float v[4];
+      unpack_bf16x4(__ldcg(reinterpret_cast<const uint2*>(values + i)), v);
       visit(i, v, 4);
     }
   } else {
     for (int64_t i = lane; i < width; i += 32) {
-      const float v[4] = {to_float(__ldcg(values + i)), 0.0f, 0.0f, 0.0f};
+      const float v[4] = {__bfloat162float(__ushort_as_bfloat16(__ldcg(values + i))), 0.0f, 0.0f, 0.0f};
       visit(i, v, 1);
     }
   }
@@ -74,12 +86,30 @@ __device__ inline float quantize_span(const uint16_t* values, uint8_t* codes, in
   }
   for_each_value(values, width, quads, lane, [&](int64_t i, const float (&v)[4], int n) {
     if (n == 4) {  // i % 4 == 0 and codes 4-byte aligned
-      *reinterpret_cast<uint32_t*>(codes + i) = encode_e4m3(v[0], scale) | encode_e4m3(v[1], scale) << 8 |
-                                                encode_e4m3(v[2], scale) << 16 | uint32_t{encode_e4m3(v[3], scale)} << 24;
+      *reinterpret_cast<uint32_t*>(codes + i) = encode_e4m3x4(v, scale);
     } else {
       codes[i] = encode_e4m3(v[0], scale);
     }
   });
+  return scale;
+}
+
+// One warp quantises a span of at most 128 values held in registers, four per lane (lane l
+// holds values 4l..4l+3, `held` where the span has them): one read, no second pass. Writes
+// lane l's codes at codes + 4 l (4-byte aligned) and returns the scale, as quantize_span.
+__device__ inline float quantize_held(uint2 quad, bool held, const float* static_scale, uint8_t* codes, int lane) {
+  float v[4];
+  unpack_bf16x4(quad, v);
+  float scale;
+  if (static_scale) {
+    scale = *static_scale;
+  } else {
+    uint32_t amax = 0;
+    if (held)
+      for (float value : v) amax = max(amax, magnitude_bits(value));
+    scale = scale_for_amax(warp_max_bits(amax));
+  }
+  if (held) *reinterpret_cast<uint32_t*>(codes + 4 * lane) = encode_e4m3x4(v, scale);
   return scale;
 }
 

@@ -177,36 +177,43 @@ __device__ int32_t scale_index(const ScaleGrid& grid, int64_t n, int group) {
 
 // GEMM1's fused quantisation (EpilogueQuantize): called by every thread of a CTA whose bf16
 // outputs (rows [first_slot, + rows), columns [first_col, + tile_cols) of c) are written.
-// The last CTA of the scope to arrive quantises the scope, one warp per row.
+// The last CTA of the scope to arrive quantises the scope: a group of 128 columns, or its
+// own tile under a static scale, so at most 128 values per row, held in registers; each
+// warp loads kBatch rows at once (the loads of this tail are exposed at decode sizes).
 __device__ void quantize_output(const EpilogueQuantize& q, const uint16_t* c, int64_t c_stride, int tile,
                                 int32_t first_slot, int rows, int64_t first_col, int tile_cols, int64_t out_cols) {
-  int64_t begin = first_col, end = min(first_col + tile_cols, out_cols), scope = -1;
-  if (q.granularity == Fp8Granularity::kPerGroup) {
-    begin = first_col / q.group * q.group;
-    end = min(begin + q.group, out_cols);
-    scope = tile * q.scopes_per_tile + first_col / q.group;
-  } else if (q.granularity == Fp8Granularity::kPerRow) {
-    begin = 0;
-    end = out_cols;
-    scope = tile;
-  }
-  const int arrivals = static_cast<int>((end - begin + tile_cols - 1) / tile_cols);  // CTAs writing the scope
+  const bool per_group = q.granularity == Fp8Granularity::kPerGroup;
+  const int64_t begin = per_group ? first_col / q.group * q.group : first_col;
+  const int64_t width = min(per_group ? q.group : tile_cols, out_cols - begin);
+  const int arrivals = static_cast<int>((width + tile_cols - 1) / tile_cols);  // CTAs writing the scope
   __shared__ bool last;
   __threadfence();  // this CTA's outputs are visible to every SM before its arrival is
   __syncthreads();
-  if (threadIdx.x == 0) last = arrivals == 1 || atomicAdd(q.arrivals + scope, 1) == arrivals - 1;
+  if (threadIdx.x == 0)
+    last = arrivals == 1 || atomicAdd(q.arrivals + tile * q.scopes_per_tile + begin / q.group, 1) == arrivals - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
+  constexpr int kBatch = 4;
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int row = warp; row < rows; row += warps) {
-    const int64_t slot = first_slot + row, at = slot * c_stride + begin;
-    const float scale = quantize_span(c + at, q.codes + at, end - begin, q.static_scale, lane);
-    if (lane != 0) continue;
-    if (q.granularity == Fp8Granularity::kPerGroup)
-      q.scales[slot * ((c_stride + q.group - 1) / q.group) + begin / q.group] = scale;
-    else if (q.granularity == Fp8Granularity::kPerRow)
-      q.scales[slot] = scale;
+  const bool held = 4 * lane < width;
+#pragma unroll 1
+  for (int first = warp; first < rows; first += warps * kBatch) {
+    uint2 quads[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int row = first + j * warps;
+      const uint16_t* span = c + (first_slot + row) * c_stride + begin;
+      quads[j] = row < rows && held ? __ldcg(reinterpret_cast<const uint2*>(span) + lane) : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t row = first + j * warps, slot = first_slot + row;
+      if (row < rows) {  // warp-uniform
+        const float scale = quantize_held(quads[j], held, q.static_scale, q.codes + slot * c_stride + begin, lane);
+        if (lane == 0 && per_group) q.scales[slot * ((c_stride + q.group - 1) / q.group) + begin / q.group] = scale;
+      }
+    }
   }
 }
 
@@ -218,7 +225,7 @@ __device__ void quantize_output(const EpilogueQuantize& q, const uint16_t* c, in
 enum class Scales { kNone, kPerKTile, kEpilogue };
 
 template <typename Cfg, bool kGated, Scales kScales>
-__global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups groups, PairLayout layout,
+__global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGroups groups, PairLayout layout,
                                                                      Activation activation) {
   constexpr bool kFp8 = kScales != Scales::kNone;
   using Op = Operand<kFp8>;
@@ -517,7 +524,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_gemm_kernel(GemmGroups 
     }
   }
   if constexpr (kGated && kFp8) {
-    static_assert(128 % (Cfg::kCols / 2) == 0, "a group of 128 columns (GPU fp8_block) spans whole column tiles");
+    static_assert(128 % (Cfg::kCols / 2) == 0 && Cfg::kCols / 2 <= 128,
+                  "a group of 128 columns (GPU fp8_block) spans whole column tiles, and a tile fits in registers");
     if (groups.quantize.codes)
       quantize_output(groups.quantize, groups.c, groups.c_stride, tile, first_slot,
                       min(Cfg::kRows, group_end - first_slot), first_col, Cfg::kCols / 2, out_cols);

@@ -56,18 +56,19 @@ struct ScaleGrid {
 // (dynamic per token), or per tensor.
 enum class Fp8Granularity { kPerGroup, kPerRow, kPerTensor };
 // Gated fp8 GEMM1: its epilogue also quantises the bf16 output for GEMM2, into the codes and
-// scales launch_quantize_fp8 would write. A scope (a row tile's group of `group` columns, or
-// its whole rows) spans several column tiles: each CTA counts its arrival once its outputs
-// are written, and the last to arrive quantises the scope (reading it back from L2). A
-// static per-tensor scale needs no count: each CTA quantises its own tile. (A dynamic
-// per-tensor amax spans an expert's every tile and stays a separate pass.)
+// scales launch_quantize_fp8 would write, for scales per group of 128 columns (fp8_block) or
+// a static per-tensor scale. A group spans several column tiles: each CTA counts its arrival
+// once its outputs are written, and the last to arrive quantises the group (reading it back
+// from L2); under a static scale each CTA quantises its own tile. Scales per row (dynamic
+// per token) or per expert (dynamic per tensor) span every column tile of a row, which
+// would leave one CTA a long serial tail: they keep the separate pass.
 struct EpilogueQuantize {
   uint8_t* codes = nullptr;  // [slots, c_stride]; null: no quantisation
-  float* scales = nullptr;   // kPerGroup [slots, ceil(c_stride / group)], kPerRow [slots]
-  Fp8Granularity granularity = Fp8Granularity::kPerGroup;
-  int64_t group = 0;                    // kPerGroup: columns per scale
+  float* scales = nullptr;   // kPerGroup: [slots, ceil(c_stride / group)]
+  Fp8Granularity granularity = Fp8Granularity::kPerGroup;  // kPerGroup or kPerTensor
+  int64_t group = 128;                  // kPerGroup: columns per scale
   const float* static_scale = nullptr;  // kPerTensor
-  int32_t* arrivals = nullptr;          // [tiles, scopes_per_tile], zero at launch
+  int32_t* arrivals = nullptr;          // kPerGroup: [tiles, scopes_per_tile], zero at launch
   int64_t scopes_per_tile = 0;
 };
 struct GemmGroups {

@@ -1,8 +1,8 @@
 // The CUDA MoE operator: validation, the workspace layout, and the pipeline of DESIGN.md
 // (route, map and sort, GEMM1 + activation, GEMM2, combine) as one stream of launches with
-// no host synchronisation and no allocation. fp8 schemes quantise GEMM1's input before it,
-// and GEMM1's epilogue quantises the activated intermediate for GEMM2 (a separate pass only
-// for a dynamic per-tensor scale).
+// no host synchronisation and no allocation. fp8 schemes quantise GEMM1's input before it;
+// GEMM1's epilogue quantises the activated intermediate for GEMM2 (fp8_block, static
+// per-tensor scales), else a separate pass does.
 #include <algorithm>
 #include <cstddef>
 #include <string>
@@ -56,7 +56,7 @@ struct WorkspaceLayout {
   uint8_t* intermediate_codes;   // [slots, max(I, I_s)]
   float* intermediate_scales;
   uint32_t* amax_bits;           // [groups] dynamic per-tensor amax
-  int64_t arrival_scopes = 0;    // GEMM1's fused quantisation: counted scopes per row tile
+  int64_t arrival_scopes = 0;    // GEMM1's fused quantisation: groups of 128 columns per row tile
   bool separate_shared_input = false;  // fp8, shared experts and routed rows x * router weight
   int tile_rows = 0;
   int64_t max_tiles = 0;
@@ -101,10 +101,7 @@ struct WorkspaceLayout {
     take(intermediate_codes, fp8 ? slots * widest : 0);
     take(intermediate_scales, fp8 ? activation_scale_count(spec.quant, slots, widest, groups) : 0);
     take(amax_bits, fp8 ? groups : 0);
-    arrival_scopes = !fp8 ? 0
-                     : spec.quant.scheme == QuantScheme::kFp8Block ? (widest + spec.quant.block_k - 1) / spec.quant.block_k
-                     : spec.quant.scheme == QuantScheme::kFp8Channel ? 1
-                                                                      : 0;
+    arrival_scopes = spec.quant.scheme == QuantScheme::kFp8Block ? (widest + spec.quant.block_k - 1) / spec.quant.block_k : 0;
     pairs.arrival_count = max_tiles * arrival_scopes;
     take(pairs.arrivals, pairs.arrival_count);
   }
@@ -257,11 +254,13 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
 
   const int64_t widest = std::max(s.intermediate, s.shared_intermediate);
   const bool fp8 = is_fp8(spec.quant.scheme);
-  // GEMM1 quantises its own output for GEMM2 unless that takes a dynamic per-tensor amax.
+  // GEMM1 quantises its own output for GEMM2 where a scale covers at most 128 columns of a
+  // row (fp8_block, or a static scale); per-token and dynamic per-tensor scales, which span
+  // whole rows, keep the separate pass (EpilogueQuantize says why).
   const float* intermediate_static_scale =
       weights.intermediate_scale ? weights.intermediate_scale->data_as<float>() : nullptr;
-  const bool fuse_quantize = fp8 && (activation_granularity(spec.quant.scheme) != cuda::Fp8Granularity::kPerTensor ||
-                                     intermediate_static_scale != nullptr);
+  const bool fuse_quantize = spec.quant.scheme == QuantScheme::kFp8Block ||
+                             (spec.quant.scheme == QuantScheme::kFp8Tensor && intermediate_static_scale != nullptr);
   const int groups = static_cast<int>(s.num_local_experts) + (shared ? 1 : 0);
   cuda::GemmGroups gemm1{};
   gemm1.a_routed = routed_input;
