@@ -226,6 +226,8 @@ Result<std::vector<double>> naive_moe(const MoeSpec& spec, const MoeWeights& wei
         const double act = spec.activation == Activation::kSilu ? gate / (1.0 + std::exp(-gate))
                                                                 : 0.5 * gate * (1.0 + std::erf(gate / std::sqrt(2.0)));
         p.intermediate[i] = act * up;
+        // fp8 quantises the activation output as the operators hold it: bf16 for bf16 x.
+        if (fake_quant && x.dtype == DType::kBF16) p.intermediate[i] = round_to_bf16(static_cast<float>(p.intermediate[i]));
       }
       if (fake_quant && !per_tensor) fake_quantize_rows(quant, p.intermediate.data(), 1, I);
     }
