@@ -20,12 +20,15 @@
 // columns c..c+7, then the 8 up rows of the same columns), so each thread's accumulators
 // hold gate and up of the same output element, and act(gate) * up is written directly as
 // the bf16 intermediate: no extra pass over it.
-// Tensor cores: wgmma (sm_90a) for tiles of 64 x 128 and 128 x 256 (bf16); mma.sync for the 16-row decode
-// tile, where the weights stream once and bandwidth, not the instruction, is the bound.
-// Both keep their accumulators in the same fragment order, so one epilogue serves both.
+// Tensor cores: wgmma (sm_90a) for tiles of 64 x 128 and 128 x 256 (bf16); for the 16-row
+// decode tile, where the weights stream once and bandwidth is the bound, mma.sync (bf16) or
+// wgmma with the operands swapped (e4m3: weights as m64, tokens as n16). mma.sync and wgmma
+// keep their accumulators in the same fragment order, so one epilogue serves both; the
+// swapped tile holds its accumulators transposed and has its own.
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "fp8_codes.cuh"
 #include "launch.cuh"
@@ -46,13 +49,17 @@ struct Operand {
   static constexpr int kDepth = kRowBytes / kBytes;
 };
 
-enum class Instruction { kMmaSync, kWgmma };
+enum class Instruction { kMmaSync, kWgmma, kWgmmaSwapped };
 
 // A tile shape and the tensor-core instruction that computes it. Chosen by
 // choose_tile_rows(); only the three configs below are instantiated.
 //   mma.sync: WarpsM x WarpsN warps, each a (Rows / WarpsM) x (Cols / WarpsN) tile of m16n8k16.
 //   wgmma:    Rows / 64 warpgroups, each m64 x Cols (one m64nColsk16 per 16 of K); warp w of the
 //             CTA holds rows 16w..16w+15, so the epilogue indexes both alike.
+//   wgmma with the operands swapped (e4m3 decode): one warpgroup computes the tile transposed,
+//             m64 over the Cols = 64 weight rows and n16 over the Rows = 16 token rows, so the
+//             weights stream through wgmma (e4m3 has no native mma.sync on sm_90); warp w
+//             holds weight rows 16w..16w+15.
 template <Instruction Kind, int Rows, int Cols, int Stages, int WarpsM, int WarpsN>
 struct Config {
   static constexpr Instruction kInstruction = Kind;
@@ -66,11 +73,15 @@ struct Config {
   static_assert(kWarpRows % 16 == 0 && kWarpCols % 16 == 0, "warp tile must hold whole mma tiles and gate/up pairs");
   static_assert(Kind != Instruction::kWgmma || (WarpsN == 1 && kWarpRows == 16 && (Cols == 128 || Cols == 256)),
                 "wgmma configs: one warp per 16 rows, m64n128 or m64n256 per warpgroup");
+  static_assert(Kind != Instruction::kWgmmaSwapped || (Rows == 16 && Cols == 64 && WarpsM == 1 && WarpsN == 4),
+                "swapped wgmma: one warpgroup, m64 over 64 weight rows, n16 over 16 tokens (kMmaN = Rows / 8)");
 };
 
 // Decode: narrow column tiles (twice the CTAs of 128) and a deep ring (7 stages of 8 KiB of
-// weights in flight per CTA), so even one or two experts keep every SM streaming.
+// weights in flight per CTA), so even one or two experts keep every SM streaming. bf16 on
+// mma.sync, e4m3 on swapped wgmma (same tiles, same ring).
 using DecodeConfig = Config<Instruction::kMmaSync, 16, 64, 8, 1, 4>;
+using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, 16, 64, 8, 1, 4>;
 using MediumConfig = Config<Instruction::kWgmma, 64, 128, 4, 4, 1>;
 using LargeConfig = Config<Instruction::kWgmma, 128, 256, 4, 8, 1>;
 
@@ -100,25 +111,6 @@ __device__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// m16n8k32 e4m3: its fragments hold the same bytes of A and B as m16n8k16 bf16's (4 K
-// bytes per register at the same offsets), so the same ldmatrix loads feed both.
-__device__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <bool kFp8>
-__device__ void mma_step(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (kFp8) {
-    mma_e4m3(c, a, b0, b1);
-  } else {
-    mma_bf16(c, a, b0, b1);
-  }
-}
-
 // wgmma descriptor of a K-major tile with 128-byte rows (bf16 or e4m3), 128-byte swizzle:
 // start address >> 4, leading offset 16 B (unused for this layout), stride 1024 B between
 // groups of 8 rows, layout type 1 (128B swizzle). The tile must be 1024-byte aligned.
@@ -146,8 +138,12 @@ __device__ void wgmma_wait() {
 // has no transpose flags: both operands are K-major, as ours are).
 template <int Cols, bool kFp8>
 __device__ void wgmma_step(float (&d)[Cols / 8][4], uint64_t a, uint64_t b) {
-  static_assert(Cols == 128 || (Cols == 256 && !kFp8), "wgmma steps: bf16 m64n128 / m64n256, e4m3 m64n128");
-  if constexpr (Cols == 128 && !kFp8) {
+  static_assert(Cols == 128 || (Cols == 256 && !kFp8) || (Cols == 16 && kFp8),
+                "wgmma steps: bf16 m64n128 / m64n256, e4m3 m64n128 / m64n16");
+  if constexpr (Cols == 16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1;\n"
+                 : EPMOE_WG_D4(0), EPMOE_WG_D4(1) : "l"(a), "l"(b));
+  } else if constexpr (Cols == 128 && !kFp8) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " EPMOE_WG_REGS64 ", %64, %65, 1, 1, 1, 0, 0;\n"
                  : EPMOE_WG_D64(0) : "l"(a), "l"(b));
   } else if constexpr (Cols == 128) {
@@ -319,28 +315,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   // Scale indices, fixed over the K loop: of this thread's fragment rows (A) and columns (B).
   // fp8_block: a tile's weight rows fall in one 128-row block per side (its gate rows, its
   // up rows: tiles are aligned to their width, which divides 128), so two B scales serve
-  // all columns (ni even / odd); otherwise one per column (ni, j) at 2 ni + j.
-  constexpr int kBScales = kPerKTile ? 2 : kFp8 ? 2 * Cfg::kMmaN : 1;
-  using RowScales = float[kFp8 ? Cfg::kMmaM : 1][2];
+  // all columns (ni even / odd); otherwise one per column (ni, j) at 2 ni + j. Swapped: the
+  // thread's tokens are 8 j + 2 (lane % 4) + e (A scales [j][e]) and its weight rows
+  // 16 warp + lane / 4 + 8 h (B scales [h]: gate and up rows, or two rows).
+  constexpr bool kSwapped = Cfg::kInstruction == Instruction::kWgmmaSwapped;
+  constexpr int kAScaleRows = kFp8 ? (kSwapped ? Cfg::kRows / 8 : Cfg::kMmaM) : 1;
+  constexpr int kBScales = kSwapped || kPerKTile ? 2 : kFp8 ? 2 * Cfg::kMmaN : 1;
+  using RowScales = float[kAScaleRows][2];
   using ColumnScales = float[kBScales];
-  int32_t a_scale_at[kFp8 ? Cfg::kMmaM : 1][2], b_scale_at[kBScales];
+  int32_t a_scale_at[kAScaleRows][2], b_scale_at[kBScales];
   auto b_scale_of = [](int ni, int j) { return kPerKTile ? ni % 2 : 2 * ni + j; };
   if constexpr (kFp8) {
 #pragma unroll
-    for (int mi = 0; mi < Cfg::kMmaM; ++mi)
+    for (int mi = 0; mi < kAScaleRows; ++mi)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
-        a_scale_at[mi][half] = scale_index(a_scales, max(a_row(warp_row + mi * 16 + lane / 4 + half * 8), int64_t{0}), group);
+      for (int half = 0; half < 2; ++half) {
+        const int row = kSwapped ? mi * 8 + (lane % 4) * 2 + half : warp_row + mi * 16 + lane / 4 + half * 8;
+        a_scale_at[mi][half] = scale_index(a_scales, max(a_row(row), int64_t{0}), group);
+      }
 #pragma unroll
     for (int c = 0; c < kBScales; ++c) {
-      const int column = warp_col + (kPerKTile ? c : c / 2) * 8 + (lane % 4) * 2 + (kPerKTile ? 0 : c % 2);
+      const int column = kSwapped ? warp * 16 + lane / 4 + c * 8
+                                  : warp_col + (kPerKTile ? c : c / 2) * 8 + (lane % 4) * 2 + (kPerKTile ? 0 : c % 2);
       b_scale_at[c] = scale_index(b_scales, max(weight_row(column), int64_t{0}), shared ? 0 : group);
     }
   }
   auto load_scales = [&](int k_tile, RowScales& a_out, ColumnScales& b_out) {
     if constexpr (kFp8) {
 #pragma unroll
-      for (int mi = 0; mi < Cfg::kMmaM; ++mi)
+      for (int mi = 0; mi < kAScaleRows; ++mi)
 #pragma unroll
         for (int half = 0; half < 2; ++half)
           a_out[mi][half] = a_scales.scales[a_scale_at[mi][half] + k_tile * static_cast<int32_t>(a_scales.k_stride)];
@@ -349,19 +352,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
         b_out[c] = b_scales.scales[b_scale_at[c] + k_tile * static_cast<int32_t>(b_scales.k_stride)];
     }
   };
-  // acc = acc_in + sums * scales (acc_in and sums may be acc itself).
+  // acc = acc_in + sums * scales (acc_in and sums may be acc itself). Swapped: element
+  // [0][j][2 h + e] is token 8 j + 2 (lane % 4) + e of weight row 16 warp + lane / 4 + 8 h.
   auto add_scaled = [&](float (&acc_in)[Cfg::kMmaM][Cfg::kMmaN][4], const float (&sums)[Cfg::kMmaM][Cfg::kMmaN][4],
                         const RowScales& a_scale, const ColumnScales& b_scale) {
+    if constexpr (kSwapped) {
 #pragma unroll
-    for (int mi = 0; mi < Cfg::kMmaM; ++mi)
+      for (int j = 0; j < Cfg::kMmaN; ++j)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
+        for (int q = 0; q < 4; ++q) acc[0][j][q] = acc_in[0][j][q] + sums[0][j][q] * (a_scale[j][q % 2] * b_scale[q / 2]);
+    } else {
 #pragma unroll
-        for (int ni = 0; ni < Cfg::kMmaN; ++ni)
+      for (int mi = 0; mi < Cfg::kMmaM; ++mi)
 #pragma unroll
-          for (int j = 0; j < 2; ++j)
-            acc[mi][ni][half * 2 + j] = acc_in[mi][ni][half * 2 + j] +
-                                        sums[mi][ni][half * 2 + j] * (a_scale[mi][half] * b_scale[b_scale_of(ni, j)]);
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int ni = 0; ni < Cfg::kMmaN; ++ni)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+              acc[mi][ni][half * 2 + j] = acc_in[mi][ni][half * 2 + j] +
+                                          sums[mi][ni][half * 2 + j] * (a_scale[mi][half] * b_scale[b_scale_of(ni, j)]);
+    }
   };
   // fp8_block: the next K tile's scales are loaded while this tile's products are formed.
   RowScales a_now, a_next;
@@ -369,7 +380,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   auto next_scales = [&](int k_tile, bool more) {
     if constexpr (kPerKTile) {
 #pragma unroll
-      for (int mi = 0; mi < Cfg::kMmaM; ++mi) a_now[mi][0] = a_next[mi][0], a_now[mi][1] = a_next[mi][1];
+      for (int mi = 0; mi < kAScaleRows; ++mi) a_now[mi][0] = a_next[mi][0], a_now[mi][1] = a_next[mi][1];
 #pragma unroll
       for (int c = 0; c < kBScales; ++c) b_now[c] = b_next[c];
       if (more) load_scales(k_tile + 1, a_next, b_next);
@@ -418,6 +429,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   if constexpr (kPerKTile)
     if (k_tiles > 0) load_scales(first_k_tile, a_next, b_next);
   if constexpr (Cfg::kInstruction == Instruction::kMmaSync) {
+    static_assert(!kFp8, "e4m3 decode tiles use the swapped wgmma");
     for (int kt = 0; kt < k_tiles; ++kt) {
       asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
       __syncthreads();
@@ -444,8 +456,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
           ldmatrix_x4(b_frag, b_tile + swizzled(row, kk * 2 + (lane / 8) % 2));
 #pragma unroll
           for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
-            mma_step<kFp8>(sums[mi][2 * np], a_frag[mi], b_frag[0], b_frag[1]);
-            mma_step<kFp8>(sums[mi][2 * np + 1], a_frag[mi], b_frag[2], b_frag[3]);
+            mma_bf16(sums[mi][2 * np], a_frag[mi], b_frag[0], b_frag[1]);
+            mma_bf16(sums[mi][2 * np + 1], a_frag[mi], b_frag[2], b_frag[3]);
           }
         }
       }
@@ -464,14 +476,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
       __syncthreads();
       const uint8_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageBytes;
       const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
-      const uint64_t a_descriptor = wgmma_descriptor(a_tile + warpgroup * 64 * kRowBytes);
-      const uint64_t b_descriptor = wgmma_descriptor(b_tile);
+      // Swapped: the weights are wgmma's A (m64), the tokens its B (n16).
+      const uint64_t a_descriptor = wgmma_descriptor(kSwapped ? b_tile : a_tile + warpgroup * 64 * kRowBytes);
+      const uint64_t b_descriptor = wgmma_descriptor(kSwapped ? a_tile : b_tile);
       next_scales(first_k_tile + kt, kt + 1 < k_tiles);
       clear_stage();
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kStepsPerStage; ++kk)  // +32 bytes along K inside the swizzle atom
-        wgmma_step<Cfg::kCols, kFp8>(sums[0], a_descriptor + 2 * kk, b_descriptor + 2 * kk);
+        wgmma_step<kSwapped ? Cfg::kRows : Cfg::kCols, kFp8>(sums[0], a_descriptor + 2 * kk, b_descriptor + 2 * kk);
       wgmma_commit();
       if constexpr (kFp8) {
         wgmma_wait<0>();
@@ -493,9 +506,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
     add_scaled(zero, acc, a_now, b_now);
   }
 
+  if constexpr (kSwapped) {  // thread: tokens 8 j + 2 (lane % 4) + e, weight rows 16 warp + lane / 4 + 8 h
+#pragma unroll
+    for (int j = 0; j < Cfg::kMmaN; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int32_t slot = first_slot + j * 8 + (lane % 4) * 2 + e;
+        if (slot >= group_end) continue;
+        uint16_t* c_row = groups.c + static_cast<int64_t>(slot) * groups.c_stride;
+        if constexpr (kGated) {  // weight rows h = 0 / 1 are gate / up of one output column
+          const int64_t col = first_col + warp * 8 + lane / 4;
+          if (col < out_cols)
+            c_row[col] = __bfloat16_as_ushort(__float2bfloat16_rn(activate(activation, acc[0][j][e]) * acc[0][j][2 + e]));
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t col = first_col + warp * 16 + lane / 4 + h * 8;
+            if (col >= out_cols) continue;
+            if (groups.c_partial)
+              groups.c_partial[blockIdx.z * groups.partial_stride + slot * groups.c_stride + col] = acc[0][j][2 * h + e];
+            else
+              c_row[col] = __bfloat16_as_ushort(__float2bfloat16_rn(acc[0][j][2 * h + e]));
+          }
+        }
+      }
+  }
   // Epilogue: thread holds rows lane/4 and lane/4 + 8 of each m16 tile, two columns each.
 #pragma unroll
-  for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
+  for (int mi = 0; mi < (kSwapped ? 0 : Cfg::kMmaM); ++mi) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = warp_row + mi * 16 + lane / 4 + half * 8;
@@ -587,19 +625,21 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
     return gated ? launch_config<Cfg, true, kScales>(groups, layout, max_tiles, activation, stream)
                  : launch_config<Cfg, false, kScales>(groups, layout, max_tiles, activation, stream);
   };
-  auto dispatch = [&]<typename Cfg>() {
+  // bf16 configs, or e4m3 configs (the large tile is bf16 only: choose_tile_rows never
+  // picks it for fp8; the decode tile has an e4m3 config of its own).
+  auto dispatch = [&]<typename Cfg, typename Fp8Cfg>() {
     if (!groups.fp8) return with_scales.template operator()<Cfg, Scales::kNone>();
-    if constexpr (Cfg::kRows == LargeConfig::kRows) {
-      return cudaErrorInvalidValue;  // choose_tile_rows never picks it for fp8
+    if constexpr (std::is_void_v<Fp8Cfg>) {
+      return cudaErrorInvalidValue;
     } else {
-      return scales_along_k ? with_scales.template operator()<Cfg, Scales::kPerKTile>()
-                            : with_scales.template operator()<Cfg, Scales::kEpilogue>();
+      return scales_along_k ? with_scales.template operator()<Fp8Cfg, Scales::kPerKTile>()
+                            : with_scales.template operator()<Fp8Cfg, Scales::kEpilogue>();
     }
   };
   switch (tile_rows) {
-    case DecodeConfig::kRows: return dispatch.template operator()<DecodeConfig>();
-    case MediumConfig::kRows: return dispatch.template operator()<MediumConfig>();
-    case LargeConfig::kRows: return dispatch.template operator()<LargeConfig>();
+    case DecodeConfig::kRows: return dispatch.template operator()<DecodeConfig, DecodeFp8Config>();
+    case MediumConfig::kRows: return dispatch.template operator()<MediumConfig, MediumConfig>();
+    case LargeConfig::kRows: return dispatch.template operator()<LargeConfig, void>();
     default: return cudaErrorInvalidValue;  // only the tile heights choose_tile_rows returns exist
   }
 }
