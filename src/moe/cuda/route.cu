@@ -3,9 +3,11 @@
 // One warp per token. The token's E scores live in shared memory (f32); lane l handles
 // experts l, l + 32, ... Top-k takes k rounds of a warp-wide arg-max over the experts not
 // yet taken, ordered by (score descending, index ascending) so ties go to the lower index;
-// NaN scores order as -inf, as on the CPU. Grouped top-k first scores the groups (lane g
-// scores group g), keeps topk_group of them by the same arg-max, and masks the rest.
-// Bound by nothing much: a few microseconds even at 16k tokens.
+// NaN scores order as -inf, as on the CPU. For the rounds each lane holds its experts'
+// values in registers and its own best among those not taken, so a round is one warp
+// arg-max and a rescan by the winning lane only (rescanning shared memory in every lane
+// each round made the kernel ~12 us at decode sizes). Grouped top-k first scores the groups
+// (lane g scores group g), keeps topk_group of them by the same arg-max, and masks the rest.
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -48,17 +50,27 @@ __device__ float warp_max(float value) {
   return value;
 }
 
-// The best of values[0, count) not marked in `taken` (one bit per value this lane owns:
-// value i belongs to lane i % 32, bit i / 32).
-__device__ Candidate best_untaken(const float* values, int count, unsigned long long taken, int lane) {
-  Candidate best{-INFINITY, 0x7fffffff};
-  for (int i = lane, bit = 0; i < count; i += 32, ++bit) {
-    if (taken >> bit & 1ull) continue;
-    const Candidate c{order_value(values[i]), i};
-    if (best.index == 0x7fffffff || better(c, best)) best = c;
+// A lane's best expert not yet taken among its kPerLane (lane + 32 i), with its score.
+template <int kPerLane>
+struct LaneExperts {
+  float order[kPerLane];  // what the top-k orders by (NaN as -inf)
+  float score[kPerLane];  // what the weight comes from
+  unsigned long long taken = 0;  // bit i: expert lane + 32 i taken (or past E)
+  Candidate best;
+  float best_score = 0.0f;
+
+  __device__ void find_best(int lane) {
+    best = {-INFINITY, 0x7fffffff};
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const Candidate c{order[i], lane + 32 * i};
+      if (!(taken >> i & 1ull) && (best.index == 0x7fffffff || better(c, best))) {
+        best = c;
+        best_score = score[i];
+      }
+    }
   }
-  return warp_best(best);
-}
+};
 
 __device__ float softmax_in_place(float* values, int count, int lane) {
   float local_max = -INFINITY;
@@ -74,6 +86,7 @@ __device__ float softmax_in_place(float* values, int count, int lane) {
 
 __device__ float sigmoid(float value) { return 1.0f / (1.0f + expf(-value)); }
 
+template <int kPerLane>
 __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_bf16, const float* bias, int64_t tokens,
                              int32_t* topk_ids, float* topk_weights) {
   extern __shared__ float shared_scores[];
@@ -144,13 +157,24 @@ __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_b
   }
 
   // k rounds of arg-max; lane j keeps the j-th choice.
-  unsigned long long taken = 0;
+  LaneExperts<kPerLane> experts;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    experts.order[i] = e < E ? order_value(selection[e]) : -INFINITY;
+    experts.score[i] = e < E ? scores[e] : 0.0f;
+    if (e >= E) experts.taken |= 1ull << i;
+  }
+  experts.find_best(lane);
   int my_id = 0;
   float my_weight = 0.0f, top_logit = 0.0f;
   for (int j = 0; j < k; ++j) {
-    const Candidate best = best_untaken(selection, E, taken, lane);
-    if (best.index % 32 == lane) taken |= 1ull << (best.index / 32);
-    const float score = scores[best.index];
+    const Candidate best = warp_best(experts.best);
+    const float score = __shfl_sync(0xffffffffu, experts.best_score, best.index % 32);
+    if (best.index % 32 == lane) {
+      experts.taken |= 1ull << (best.index / 32);
+      experts.find_best(lane);
+    }
     if (j == 0) top_logit = score;
     float weight = score;
     if (spec.kind == RoutingKind::kSigmoidTopk) weight = sigmoid(score);
@@ -174,12 +198,19 @@ __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_b
 cudaError_t launch_route(const RoutingSpec& spec, const void* logits, bool logits_bf16, const float* correction_bias,
                          int64_t tokens, int32_t* topk_ids, float* topk_weights, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  static const cudaError_t carveout = prefer_max_shared_memory(reinterpret_cast<const void*>(route_kernel));
-  if (carveout != cudaSuccess) return carveout;
   const size_t shared_bytes = kWarpsPerBlock * 2 * spec.num_experts * sizeof(float);
   const unsigned blocks = static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  return launch_chained(route_kernel, dim3(blocks), dim3(kWarpsPerBlock * 32), shared_bytes, stream, spec, logits,
-                        logits_bf16, correction_bias, tokens, topk_ids, topk_weights);
+  // Experts per lane held in registers: the fewest of 4, 8, 32 that cover E.
+  auto launch = [&]<int kPerLane>() {
+    static const cudaError_t carveout = prefer_max_shared_memory(reinterpret_cast<const void*>(route_kernel<kPerLane>));
+    if (carveout != cudaSuccess) return carveout;
+    return launch_chained(route_kernel<kPerLane>, dim3(blocks), dim3(kWarpsPerBlock * 32), shared_bytes, stream, spec,
+                          logits, logits_bf16, correction_bias, tokens, topk_ids, topk_weights);
+  };
+  static_assert(kMaxRoutedExperts <= 32 * 32, "32 experts a lane at most");
+  if (spec.num_experts <= 4 * 32) return launch.template operator()<4>();
+  if (spec.num_experts <= 8 * 32) return launch.template operator()<8>();
+  return launch.template operator()<32>();
 }
 
 }  // namespace epmoe::cuda
