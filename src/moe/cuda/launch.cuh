@@ -22,9 +22,16 @@ inline cudaError_t prefer_max_shared_memory(const void* kernel) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
 }
 
+// When a launch may start: kEarly, while its predecessor in the stream finishes (each kernel
+// of the operator after its first); kAfterPredecessor, once the predecessor has finished (the
+// operator's first kernel). Chaining the first kernel too would let a call's kernels become
+// resident, one early launch after another, while the previous call's last GEMM still runs,
+// and its GEMM1 CTAs then land two to an SM where that GEMM's CTAs happened to finish first.
+enum class Start { kEarly, kAfterPredecessor };
+
 template <typename... Params, typename... Args>
-cudaError_t launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
-                           Args&&... args) {
+cudaError_t launch_kernel(Start start, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                          cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -34,8 +41,14 @@ cudaError_t launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, siz
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.numAttrs = start == Start::kEarly ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                           Args&&... args) {
+  return launch_kernel(Start::kEarly, kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace epmoe::cuda

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "epmoe/moe_spec.h"
+#include "launch.cuh"
 
 namespace epmoe::cuda {
 
@@ -19,7 +20,8 @@ inline constexpr int kMaxGroups = 32;
 
 // route.cu: router logits [T, E] (f32 or bf16) -> topk_ids [T, k], topk_weights [T, k].
 cudaError_t launch_route(const RoutingSpec& spec, const void* logits, bool logits_bf16, const float* correction_bias,
-                  int64_t tokens, int32_t* topk_ids, float* topk_weights, cudaStream_t stream);
+                         int64_t tokens, int32_t* topk_ids, float* topk_weights, cudaStream_t stream,
+                         Start start = Start::kEarly);
 
 // sort_pairs.cu. Groups are the local experts, then (optionally) the shared experts as one
 // more group holding every token. Slots are grouped by group (their order inside a group
@@ -40,7 +42,8 @@ struct PairLayout {
 int64_t max_row_tiles(int64_t slots, int64_t groups, int tile_rows);
 cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map, int64_t tokens, int top_k,
                        int num_experts, int local_experts, bool shared_group, int tile_rows,
-                       int64_t max_tiles, const PairLayout& layout, cudaStream_t stream);
+                       int64_t max_tiles, const PairLayout& layout, cudaStream_t stream,
+                       Start start = Start::kEarly);
 
 // grouped_gemm.cu. One grouped GEMM over the tiles of PairLayout: for each row tile of
 // group g and each column tile, C[slot, n] = sum_k A[row(slot), k] * B_g[n, k], bf16 or e4m3

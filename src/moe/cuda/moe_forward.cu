@@ -236,7 +236,8 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
     CUDA_CHECK(cuda::launch_route(spec.routing, inputs.router_logits->data,
                                   inputs.router_logits->dtype == DType::kBF16,
                                   inputs.correction_bias ? inputs.correction_bias->data_as<float>() : nullptr,
-                                  s.tokens, layout.topk_ids, layout.topk_weights, stream));
+                                  s.tokens, layout.topk_ids, layout.topk_weights, stream,
+                                  cuda::Start::kAfterPredecessor));
   } else {
     topk_ids = inputs.topk_ids->data_as<int32_t>();
     topk_weights = inputs.topk_weights->data_as<float>();
@@ -244,7 +245,8 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   const int32_t* expert_map = inputs.expert_map ? inputs.expert_map->data_as<int32_t>() : nullptr;
   CUDA_CHECK(cuda::launch_sort_pairs(topk_ids, expert_map, s.tokens, static_cast<int>(s.top_k),
                                      static_cast<int>(s.num_experts), static_cast<int>(s.num_local_experts), shared,
-                                     layout.tile_rows, layout.max_tiles, layout.pairs, stream));
+                                     layout.tile_rows, layout.max_tiles, layout.pairs, stream,
+                                     inputs.router_logits ? cuda::Start::kEarly : cuda::Start::kAfterPredecessor));
   const uint16_t* x = inputs.x.data_as<uint16_t>();
   const uint16_t* routed_input = x;
   if (spec.apply_router_weight_on_input) {

@@ -196,7 +196,7 @@ __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_b
 }  // namespace
 
 cudaError_t launch_route(const RoutingSpec& spec, const void* logits, bool logits_bf16, const float* correction_bias,
-                         int64_t tokens, int32_t* topk_ids, float* topk_weights, cudaStream_t stream) {
+                         int64_t tokens, int32_t* topk_ids, float* topk_weights, cudaStream_t stream, Start start) {
   if (tokens == 0) return cudaSuccess;
   const size_t shared_bytes = kWarpsPerBlock * 2 * spec.num_experts * sizeof(float);
   const unsigned blocks = static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
@@ -204,8 +204,8 @@ cudaError_t launch_route(const RoutingSpec& spec, const void* logits, bool logit
   auto launch = [&]<int kPerLane>() {
     static const cudaError_t carveout = prefer_max_shared_memory(reinterpret_cast<const void*>(route_kernel<kPerLane>));
     if (carveout != cudaSuccess) return carveout;
-    return launch_chained(route_kernel<kPerLane>, dim3(blocks), dim3(kWarpsPerBlock * 32), shared_bytes, stream, spec,
-                          logits, logits_bf16, correction_bias, tokens, topk_ids, topk_weights);
+    return launch_kernel(start, route_kernel<kPerLane>, dim3(blocks), dim3(kWarpsPerBlock * 32), shared_bytes, stream,
+                         spec, logits, logits_bf16, correction_bias, tokens, topk_ids, topk_weights);
   };
   static_assert(kMaxRoutedExperts <= 32 * 32, "32 experts a lane at most");
   if (spec.num_experts <= 4 * 32) return launch.template operator()<4>();

@@ -93,12 +93,12 @@ int64_t max_row_tiles(int64_t slots, int64_t groups, int tile_rows) {
 
 cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map, int64_t tokens, int top_k,
                               int num_experts, int local_experts, bool shared_group, int tile_rows, int64_t max_tiles,
-                              const PairLayout& layout, cudaStream_t stream) {
+                              const PairLayout& layout, cudaStream_t stream, Start start) {
   static const cudaError_t carveout = prefer_max_shared_memory(reinterpret_cast<const void*>(sort_pairs_kernel));
   if (carveout != cudaSuccess) return carveout;
   const int groups = local_experts + (shared_group ? 1 : 0);
   const size_t shared_bytes = (2 * groups + 1) * sizeof(int32_t);
-  return launch_chained(sort_pairs_kernel, dim3(1), dim3(kThreads), shared_bytes, stream, topk_ids, expert_map,
+  return launch_kernel(start, sort_pairs_kernel, dim3(1), dim3(kThreads), shared_bytes, stream, topk_ids, expert_map,
                         tokens * top_k, top_k, num_experts, tokens, groups, shared_group ? local_experts : -1, tile_rows,
                         max_tiles, layout);
 }
