@@ -24,9 +24,10 @@ inline cudaError_t prefer_max_shared_memory(const void* kernel) {
 
 // When a launch may start: kEarly, while its predecessor in the stream finishes (each kernel
 // of the operator after its first); kAfterPredecessor, once the predecessor has finished (the
-// operator's first kernel). Chaining the first kernel too would let a call's kernels become
-// resident, one early launch after another, while the previous call's last GEMM still runs,
-// and its GEMM1 CTAs then land two to an SM where that GEMM's CTAs happened to finish first.
+// operator's first kernel), so that in a chain of calls one call's kernels do not become
+// resident, early launch after early launch, while the previous call's last GEMM still
+// streams. Measured (deepseek-v3 ep=8, graphs of 4 calls): T=16 / 64 373 / 631 us against
+// 384 / 656 before, within run-to-run noise; T=1 unchanged.
 enum class Start { kEarly, kAfterPredecessor };
 
 template <typename... Params, typename... Args>
