@@ -19,7 +19,8 @@
 // Gated (GEMM1): the B tile interleaves gate and up rows in blocks of 8 (8 gate rows of
 // columns c..c+7, then the 8 up rows of the same columns), so each thread's accumulators
 // hold gate and up of the same output element, and act(gate) * up is written directly as
-// the bf16 intermediate: no extra pass over it.
+// the bf16 intermediate: no extra pass over it; for fp8_block (and a static per-tensor
+// scale) GEMM1's epilogue also writes its e4m3 codes and scales for GEMM2 (quantize_output).
 // Tensor cores: wgmma (sm_90a) for tiles of 64 x 128 and 128 x 256 (bf16); for the 16-row
 // decode tile, where the weights stream once and bandwidth is the bound, mma.sync (bf16) or
 // wgmma with the operands swapped (e4m3: weights as m64, tokens as n16). mma.sync and wgmma
