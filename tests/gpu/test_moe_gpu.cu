@@ -97,6 +97,22 @@ void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu
   EXPECT_LT(relative_error(gpu, cpu), tolerance) << what;
 }
 
+// Runs `host` on the GPU (output poisoned) and on the CPU, and compares the two.
+void expect_gpu_matches_cpu(const MoeCase& host, const std::string& what, double tolerance) {
+  Result<DeviceCase> device = upload(host);
+  ASSERT_TRUE(device.ok()) << device.status().message();
+  GpuRun gpu(device.value());
+  const Status status = gpu.run(device.value());
+  ASSERT_TRUE(status.ok()) << status.message();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_close(gpu.result(), cpu_output(host), what, tolerance);
+}
+
+// The same for the random case `options` describes (its seed named on failure).
+void expect_gpu_matches_cpu(const RandomCaseOptions& options, const std::string& what, double tolerance) {
+  expect_gpu_matches_cpu(host_case(options), what + " seed " + std::to_string(options.seed), tolerance);
+}
+
 struct PresetCase {
   std::string preset;
   int64_t tokens;
@@ -111,15 +127,7 @@ TEST_P(GpuVsCpu, MatchesCpuOperatorAndWritesEveryElement) {
   const ModelPreset& preset = *find_preset(c.preset);
   for (int rank : c.ranks == 1 ? std::vector<int>{0} : std::vector<int>{0, c.ranks - 1}) {
     const RandomCaseOptions options = preset_options(preset, c.tokens, c.full_size, c.ranks, rank);
-    const MoeCase host = host_case(options);
-    Result<DeviceCase> device = upload(host);
-    ASSERT_TRUE(device.ok()) << device.status().message();
-    GpuRun gpu(device.value());
-    const Status status = gpu.run(device.value());
-    ASSERT_TRUE(status.ok()) << status.message();
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    expect_close(gpu.result(), cpu_output(host), c.preset + " rank " + std::to_string(rank) + " seed " +
-                                                     std::to_string(options.seed));
+    expect_gpu_matches_cpu(options, c.preset + " rank " + std::to_string(rank), 1e-2);
   }
 }
 
@@ -163,17 +171,8 @@ TEST_P(GpuFp8VsCpu, MatchesCpuOperatorAndWritesEveryElement) {
     options.spec.quant.scheme = c.scheme;
     options.intermediate = 256;  // fp8_block: I divisible by 128
     options.static_activation_scales = c.static_scales;
-    const MoeCase host = host_case(options);
-    Result<DeviceCase> device = upload(host);
-    ASSERT_TRUE(device.ok()) << device.status().message();
-    GpuRun gpu(device.value());
-    const Status status = gpu.run(device.value());
-    ASSERT_TRUE(status.ok()) << status.message();
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    expect_close(gpu.result(), cpu_output(host),
-                 c.preset + " " + std::string(quant_scheme_name(c.scheme)) + " rank " + std::to_string(rank) +
-                     " seed " + std::to_string(options.seed),
-                 3e-2);
+    expect_gpu_matches_cpu(options, c.preset + " " + std::string(quant_scheme_name(c.scheme)) + " rank " +
+                                        std::to_string(rank), 3e-2);
   }
 }
 
@@ -199,11 +198,7 @@ TEST(GpuMoe, Fp8BlockAtFullHiddenSize) {
   for (const char* name : {"deepseek-v3", "qwen3-235b-a22b"}) {
     RandomCaseOptions options = preset_options(*find_preset(name), 7, true, 8, 0);
     options.spec.quant.scheme = QuantScheme::kFp8Block;
-    const MoeCase host = host_case(options);
-    DeviceCase device = upload(host).value();
-    GpuRun gpu(device);
-    ASSERT_TRUE(gpu.run(device).ok());
-    expect_close(gpu.result(), cpu_output(host), std::string(name) + " fp8_block full size", 3e-2);
+    expect_gpu_matches_cpu(options, std::string(name) + " fp8_block full size", 3e-2);
   }
 }
 
@@ -229,10 +224,7 @@ TEST(GpuMoe, DeepSeekStyleFp8CheckpointLayerRuns) {
   host.inputs.router_logits = logits.view();
   host.inputs.correction_bias = layer->correction_bias;
   host.inputs.expert_map = owned.view();
-  DeviceCase device = upload(host).value();
-  GpuRun gpu(device);
-  ASSERT_TRUE(gpu.run(device).ok());
-  expect_close(gpu.result(), cpu_output(host), "checkpoint layer", 3e-2);
+  expect_gpu_matches_cpu(host, "checkpoint layer", 3e-2);
 }
 
 TEST(GpuMoe, EveryRoutingKindMatches) {
@@ -244,12 +236,8 @@ TEST(GpuMoe, EveryRoutingKindMatches) {
                               .score_func = renormalize ? ScoreFunc::kSoftmax : ScoreFunc::kSigmoid, .n_group = 8,
                               .topk_group = 3, .routed_scaling_factor = 1.5f};
       options.correction_bias = kind == RoutingKind::kGroupedTopk && !renormalize;
-      const MoeCase host = host_case(options);
-      DeviceCase device = upload(host).value();
-      GpuRun gpu(device);
-      ASSERT_TRUE(gpu.run(device).ok());
-      expect_close(gpu.result(), cpu_output(host), std::string(routing_kind_name(kind)) +
-                                                       (renormalize ? " renormalised" : ""));
+      expect_gpu_matches_cpu(options, std::string(routing_kind_name(kind)) + (renormalize ? " renormalised" : ""),
+                             1e-2);
     }
   }
 }
