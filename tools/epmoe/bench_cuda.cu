@@ -391,7 +391,6 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     for (const auto& [exec, count] : graphs) cudaGraphExecDestroy(exec);
     cudaStreamDestroy(stream);
     // The floor and the work of one call: their means over the rotation.
-    const int runs = rotation;
     double floor_sum = 0;
     Workload mean;
     for (int r = 0; r < rotation; ++r) {
@@ -403,16 +402,16 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
       mean.flops += w.flops;
     }
     const double seconds = median(times) * 1e-3;
-    const double floor_seconds = floor_sum / runs;
-    const double bytes = mean.bytes / runs, flops = mean.flops / runs;
+    const double floor_seconds = floor_sum / rotation;
+    const double bytes = mean.bytes / rotation, flops = mean.flops / rotation;
     const bool bandwidth_bound = bytes / ceilings->bytes_per_second >= flops / ceilings->flops_per_second;
     std::printf("%7lld %8lld %8lld %11.1f %8.2f %9.1f %11.1f %7.2f %6s\n", static_cast<long long>(T),
-                static_cast<long long>(mean.local_pairs / runs), static_cast<long long>(mean.experts_touched / runs),
+                static_cast<long long>(mean.local_pairs / rotation), static_cast<long long>(mean.experts_touched / rotation),
                 seconds * 1e6, bytes / seconds / 1e12, flops / seconds / 1e12, floor_seconds * 1e6,
                 seconds / floor_seconds, bandwidth_bound ? "memory" : "math");
     std::fflush(stdout);
-    results.push_back({{"tokens", T}, {"local_pairs", mean.local_pairs / runs},
-                       {"experts_touched", mean.experts_touched / runs}, {"seconds", seconds}, {"bytes", bytes},
+    results.push_back({{"tokens", T}, {"local_pairs", mean.local_pairs / rotation},
+                       {"experts_touched", mean.experts_touched / rotation}, {"seconds", seconds}, {"bytes", bytes},
                        {"flops", flops}, {"floor_seconds", floor_seconds}, {"ratio", seconds / floor_seconds},
                        {"bound", bandwidth_bound ? "memory" : "math"}, {"calls_per_graph", calls}, {"replays", replays}});
   }

@@ -49,8 +49,8 @@ __device__ inline uint32_t encode_e4m3x4(const float (&v)[4], float scale) {
 
 // Calls visit(i, v, n) for this lane's share of values[0, width): v[0, n) = values[i, i + n),
 // n = 4 neighbours per 8-byte load when `quads` (width % 4 == 0, values 8-byte aligned), else
-// n = 1. Loads bypass L1 (__ldcg), as for values other multiprocessors just wrote; eight
-// are in flight at once.
+// n = 1. Eight loads are in flight at once; they bypass L1 (__ldcg): the second pass finds
+// the span in L2 either way.
 template <typename Visit>
 __device__ void for_each_value(const uint16_t* values, int64_t width, bool quads, int lane, Visit visit) {
   if (quads) {
@@ -68,22 +68,16 @@ __device__ void for_each_value(const uint16_t* values, int64_t width, bool quads
   }
 }
 
-// One warp quantises values[0, width) with one scale: the given static scale, or its own
-// amax's. Two reads of the span (amax, then codes; the second from L1/L2). Returns the scale.
-__device__ inline float quantize_span(const uint16_t* values, uint8_t* codes, int64_t width,
-                                      const float* static_scale, int lane) {
+// One warp quantises values[0, width) with the scale of their amax. Two reads of the span
+// (amax, then codes; the second from L2). Returns the scale.
+__device__ inline float quantize_span(const uint16_t* values, uint8_t* codes, int64_t width, int lane) {
   const bool quads = width % 4 == 0 && reinterpret_cast<uintptr_t>(values) % 8 == 0 &&
                      reinterpret_cast<uintptr_t>(codes) % 4 == 0;
-  float scale;
-  if (static_scale) {
-    scale = *static_scale;
-  } else {
-    uint32_t amax = 0;
-    for_each_value(values, width, quads, lane, [&](int64_t, const float (&v)[4], int n) {
-      for (int j = 0; j < n; ++j) amax = max(amax, magnitude_bits(v[j]));
-    });
-    scale = scale_for_amax(warp_max_bits(amax));
-  }
+  uint32_t amax = 0;
+  for_each_value(values, width, quads, lane, [&](int64_t, const float (&v)[4], int n) {
+    for (int j = 0; j < n; ++j) amax = max(amax, magnitude_bits(v[j]));
+  });
+  const float scale = scale_for_amax(warp_max_bits(amax));
   for_each_value(values, width, quads, lane, [&](int64_t i, const float (&v)[4], int n) {
     if (n == 4) {  // i % 4 == 0 and codes 4-byte aligned
       *reinterpret_cast<uint32_t*>(codes + i) = encode_e4m3x4(v, scale);
@@ -96,7 +90,8 @@ __device__ inline float quantize_span(const uint16_t* values, uint8_t* codes, in
 
 // One warp quantises a span of at most 128 values held in registers, four per lane (lane l
 // holds values 4l..4l+3, `held` where the span has them): one read, no second pass. Writes
-// lane l's codes at codes + 4 l (4-byte aligned) and returns the scale, as quantize_span.
+// lane l's codes at codes + 4 l (4-byte aligned) and returns the scale: the given static
+// one, or that of the span's amax.
 __device__ inline float quantize_held(uint2 quad, bool held, const float* static_scale, uint8_t* codes, int lane) {
   float v[4];
   unpack_bf16x4(quad, v);

@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   if constexpr (kPerKTile)
     if (k_tiles > 0) load_scales(first_k_tile, a_next, b_next);
   if constexpr (Cfg::kInstruction == Instruction::kMmaSync) {
-    static_assert(!kFp8, "e4m3 decode tiles use the swapped wgmma");
+    static_assert(!kFp8, "e4m3 decode tiles use the swapped wgmma: bf16 sums go straight into acc");
     for (int kt = 0; kt < k_tiles; ++kt) {
       asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
       __syncthreads();
@@ -440,8 +440,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
 
       const uint8_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageBytes;
       const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
-      next_scales(first_k_tile + kt, kt + 1 < k_tiles);
-      clear_stage();
 #pragma unroll
       for (int kk = 0; kk < kStepsPerStage; ++kk) {
         uint32_t a_frag[Cfg::kMmaM][4];
@@ -457,12 +455,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
           ldmatrix_x4(b_frag, b_tile + swizzled(row, kk * 2 + (lane / 8) % 2));
 #pragma unroll
           for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
-            mma_bf16(sums[mi][2 * np], a_frag[mi], b_frag[0], b_frag[1]);
-            mma_bf16(sums[mi][2 * np + 1], a_frag[mi], b_frag[2], b_frag[3]);
+            mma_bf16(acc[mi][2 * np], a_frag[mi], b_frag[0], b_frag[1]);
+            mma_bf16(acc[mi][2 * np + 1], a_frag[mi], b_frag[2], b_frag[3]);
           }
         }
       }
-      promote_stage();
     }
     asm volatile("cp.async.wait_group 0;\n");
   } else {

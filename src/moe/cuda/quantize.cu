@@ -65,8 +65,7 @@ __global__ void quantize_groups_kernel(Fp8Quantize q) {
   const int64_t group = blockIdx.y * static_cast<int64_t>(kWarpsPerBlock) + warp;
   if (!place.used || group * q.group >= place.width) return;
   const int64_t begin = row * q.stride + group * q.group;
-  const float scale = quantize_span(q.values + begin, q.codes + begin, min(q.group, place.width - group * q.group),
-                                    nullptr, lane);
+  const float scale = quantize_span(q.values + begin, q.codes + begin, min(q.group, place.width - group * q.group), lane);
   if (lane == 0) q.scales[row * ((q.stride + q.group - 1) / q.group) + group] = scale;
 }
 
