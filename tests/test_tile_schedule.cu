@@ -55,18 +55,16 @@ TEST(TileSchedule, MaxRowTilesBoundsEverySpreadOfSlots) {
   }
 }
 
-TEST(TileSchedule, TileRowsGrowWithRowsPerGroupAndFp8NeverTakesTheBf16OnlyTile) {
+TEST(TileSchedule, TileRowsGrowWithRowsPerGroup) {
   int previous = 0;
   for (int64_t rows_per_group = 1; rows_per_group <= 4096; rows_per_group *= 2) {
-    const int bf16 = cuda::choose_tile_rows(rows_per_group * 33, 33, false);
-    const int fp8 = cuda::choose_tile_rows(rows_per_group * 33, 33, true);
-    EXPECT_GE(bf16, previous) << rows_per_group << " rows per group";
-    EXPECT_TRUE(bf16 == 16 || bf16 == 64 || bf16 == 128) << bf16;
-    EXPECT_TRUE(fp8 == 16 || fp8 == 64) << "fp8 has no 128-row tile, got " << fp8;
-    previous = bf16;
+    const int rows = cuda::choose_tile_rows(rows_per_group * 33, 33);
+    EXPECT_GE(rows, previous) << rows_per_group << " rows per group";
+    EXPECT_TRUE(rows == 16 || rows == 64 || rows == 128) << rows;
+    previous = rows;
   }
-  EXPECT_EQ(cuda::choose_tile_rows(16 * 8, 8, false), 16);  // a decode step: up to 16 rows an expert
-  EXPECT_EQ(cuda::choose_tile_rows(4096 * 8, 8, false), 128);
+  EXPECT_EQ(cuda::choose_tile_rows(16 * 8, 8), 16);  // a decode step: up to 16 rows an expert
+  EXPECT_EQ(cuda::choose_tile_rows(4096 * 8, 8), 128);
 }
 
 TEST(TileSchedule, KSplitsOnlyForTheDecodeTileAndNeverBelowFourKTiles) {

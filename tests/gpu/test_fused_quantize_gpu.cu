@@ -56,7 +56,8 @@ std::vector<float> random_scales(size_t count, std::mt19937_64& rng) {
 struct FusedCase {
   const char* name;
   cuda::Fp8Granularity granularity;
-  int64_t tokens;  // 3: the decode tile; 300: the wgmma tile
+  int64_t tokens;
+  int tile_rows;  // the tile these tokens take: 16 (decode), 64 (medium) or 128 (specialised)
 };
 
 class FusedQuantize : public ::testing::TestWithParam<FusedCase> {};
@@ -79,7 +80,8 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
     ids[t * kTopK] = first;
     ids[t * kTopK + 1] = (first + 1 + static_cast<int>(rng() % (kLocalExperts - 1))) % kLocalExperts;
   }
-  const int tile_rows = cuda::choose_tile_rows(slots, groups, true);
+  const int tile_rows = cuda::choose_tile_rows(slots, groups);
+  ASSERT_EQ(tile_rows, c.tile_rows) << "the case no longer covers the tile it names";
   const int64_t max_tiles = cuda::max_row_tiles(slots, groups, tile_rows);
   const int64_t scopes = per_group ? (kIntermediate + 127) / 128 : 0;
   cuda::PairLayout layout{};
@@ -183,10 +185,12 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
 
 INSTANTIATE_TEST_SUITE_P(
     Schemes, FusedQuantize,
-    ::testing::Values(FusedCase{"per_group_decode_tile", cuda::Fp8Granularity::kPerGroup, 3},
-                      FusedCase{"per_group_wgmma_tile", cuda::Fp8Granularity::kPerGroup, 300},
-                      FusedCase{"static_per_tensor_decode_tile", cuda::Fp8Granularity::kPerTensor, 3},
-                      FusedCase{"static_per_tensor_wgmma_tile", cuda::Fp8Granularity::kPerTensor, 300}),
+    ::testing::Values(FusedCase{"per_group_decode_tile", cuda::Fp8Granularity::kPerGroup, 3, 16},
+                      FusedCase{"per_group_medium_tile", cuda::Fp8Granularity::kPerGroup, 60, 64},
+                      FusedCase{"per_group_specialized_tile", cuda::Fp8Granularity::kPerGroup, 300, 128},
+                      FusedCase{"static_per_tensor_decode_tile", cuda::Fp8Granularity::kPerTensor, 3, 16},
+                      FusedCase{"static_per_tensor_medium_tile", cuda::Fp8Granularity::kPerTensor, 60, 64},
+                      FusedCase{"static_per_tensor_specialized_tile", cuda::Fp8Granularity::kPerTensor, 300, 128}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

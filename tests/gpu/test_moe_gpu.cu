@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <random>
 
 #include "../checkpoint_test_util.h"
@@ -326,6 +327,15 @@ TEST(GpuMoe, RejectsWhatItCannotComputeWithClearErrors) {
   DeviceCase wrong_device = device;
   wrong_device.inputs.x = host_x;
   EXPECT_EQ(gpu.run(wrong_device).message(), "x: expected a tensor on cuda, got bf16 [4, 256] on cpu");
+
+  // The shared experts' weights are read by TMA too: a misaligned one is refused, not read.
+  MoeCase shared_host = host_case(preset_options(*find_preset("deepseek-v3"), 4, false, 1, 0));
+  DeviceCase shared_device = upload(shared_host).value();
+  GpuRun shared_gpu(shared_device);
+  DeviceCase misaligned = shared_device;
+  misaligned.weights.shared_w2->data = static_cast<std::byte*>(misaligned.weights.shared_w2->data) + 2;
+  EXPECT_EQ(shared_gpu.run(misaligned).message(),
+            "shared_w2: expected 16-byte aligned device memory, got an address off by 2");
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // Grouped GEMM over the experts' row tiles, bf16 or e4m3 tensor cores (f32 accumulate),
-// with the gather of A rows and the gated activation fused.
+// with the gather of A rows and the gated activation fused: the decode (16-row) and medium
+// (64-row) tiles, where every thread both loads and multiplies; 128-row tiles are
+// grouped_gemm_specialized.cu's. The tile format and wgmma helpers: gemm_tiles.cuh.
 //
 // Work: blockIdx.x = a row tile of PairLayout (one group = one expert, up to tile_rows
 // consecutive slots), blockIdx.y = a column tile. Tiles past tile_count exit at once, so
@@ -15,40 +17,26 @@
 // stage is one 128-wide K block of fp8_block), times the stage's A and B scales for
 // fp8_block, or unscaled with the scales applied once in the epilogue for per-channel and
 // per-tensor scales. The price: a completed wgmma group per stage (no overlap of two
-// groups), and no 128 x 256 tile (the second accumulator would not fit in registers).
+// groups).
 // Gated (GEMM1): the B tile interleaves gate and up rows in blocks of 8 (8 gate rows of
 // columns c..c+7, then the 8 up rows of the same columns), so each thread's accumulators
 // hold gate and up of the same output element, and act(gate) * up is written directly as
 // the bf16 intermediate: no extra pass over it; for fp8_block (and a static per-tensor
 // scale) GEMM1's epilogue also writes its e4m3 codes and scales for GEMM2 (quantize_output).
-// Tensor cores: wgmma (sm_90a) for tiles of 64 x 128 and 128 x 256 (bf16); for the 16-row
+// Tensor cores: wgmma (sm_90a) for the 64 x 128 tile; for the 16-row
 // decode tile, where the weights stream once and bandwidth is the bound, mma.sync (bf16) or
 // wgmma with the operands swapped (e4m3: weights as m64, tokens as n16). mma.sync and wgmma
 // keep their accumulators in the same fragment order, so one epilogue serves both; the
 // swapped tile holds its accumulators transposed and has its own.
-#include <cuda_bf16.h>
-
 #include <algorithm>
-#include <type_traits>
 
-#include "fp8_codes.cuh"
+#include "gemm_tiles.cuh"
 #include "launch.cuh"
 #include "launchers.h"
 
 namespace epmoe::cuda {
 
 namespace {
-
-constexpr int kRowBytes = 128;  // K bytes per pipeline stage and tile row: 64 bf16 or 128 e4m3
-constexpr int kChunksPerRow = kRowBytes / 16;  // 16-byte chunks
-constexpr int kStepsPerStage = kRowBytes / 32;  // tensor-core steps of 32 K bytes (k16 bf16, k32 e4m3)
-
-// The element type of A and B: its size, and the K elements one stage holds.
-template <bool kFp8>
-struct Operand {
-  static constexpr int kBytes = kFp8 ? 1 : 2;
-  static constexpr int kDepth = kRowBytes / kBytes;
-};
 
 enum class Instruction { kMmaSync, kWgmma, kWgmmaSwapped };
 
@@ -72,8 +60,8 @@ struct Config {
   // + 1 KiB to align the ring to the 1024-byte period of the 128-byte swizzle (wgmma needs it).
   static constexpr size_t kSharedBytes = size_t{Stages} * kStageBytes + 1024;
   static_assert(kWarpRows % 16 == 0 && kWarpCols % 16 == 0, "warp tile must hold whole mma tiles and gate/up pairs");
-  static_assert(Kind != Instruction::kWgmma || (WarpsN == 1 && kWarpRows == 16 && (Cols == 128 || Cols == 256)),
-                "wgmma configs: one warp per 16 rows, m64n128 or m64n256 per warpgroup");
+  static_assert(Kind != Instruction::kWgmma || (WarpsN == 1 && kWarpRows == 16 && Cols == 128),
+                "wgmma configs: one warp per 16 rows, m64n128 per warpgroup");
   static_assert(Kind != Instruction::kWgmmaSwapped || (Rows == 16 && Cols == 64 && WarpsM == 1 && WarpsN == 4),
                 "swapped wgmma: one warpgroup, m64 over 64 weight rows, n16 over 16 tokens (kMmaN = Rows / 8)");
 };
@@ -84,19 +72,8 @@ struct Config {
 using DecodeConfig = Config<Instruction::kMmaSync, 16, 64, 8, 1, 4>;
 using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, 16, 64, 8, 1, 4>;
 using MediumConfig = Config<Instruction::kWgmma, 64, 128, 4, 4, 1>;
-using LargeConfig = Config<Instruction::kWgmma, 128, 256, 4, 8, 1>;
-
-__device__ uint32_t shared_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
-// Byte offset of (row, 16-byte chunk) in a swizzled tile of 128-byte rows.
-__device__ int swizzled(int row, int chunk) { return row * kRowBytes + ((chunk ^ (row & 7)) * 16); }
-
-__device__ void copy_async(uint8_t* destination, const uint8_t* source, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(destination)), "l"(source),
-               "r"(valid ? 16 : 0));
-}
+// Larger row tiles (128): grouped_gemm_specialized.cu.
+inline constexpr int kSpecializedRows = 128;
 
 __device__ void ldmatrix_x4(uint32_t (&out)[4], const uint8_t* address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -111,115 +88,6 @@ __device__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uin
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-// wgmma descriptor of a K-major tile with 128-byte rows (bf16 or e4m3), 128-byte swizzle:
-// start address >> 4, leading offset 16 B (unused for this layout), stride 1024 B between
-// groups of 8 rows, layout type 1 (128B swizzle). The tile must be 1024-byte aligned.
-__device__ uint64_t wgmma_descriptor(const uint8_t* tile) {
-  const uint64_t address = shared_address(tile);
-  return ((address & 0x3ffff) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
-}
-
-__device__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int Pending>
-__device__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
-}
-
-// The accumulator operands of one wgmma: d[j][q] is n8 block j in the mma.sync fragment
-// order; 16 blocks (m64n128) or 32 (m64n256).
-#define EPMOE_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define EPMOE_WG_D16(j) EPMOE_WG_D4(j), EPMOE_WG_D4(j + 1), EPMOE_WG_D4(j + 2), EPMOE_WG_D4(j + 3)
-#define EPMOE_WG_D64(j) EPMOE_WG_D16(j), EPMOE_WG_D16(j + 4), EPMOE_WG_D16(j + 8), EPMOE_WG_D16(j + 12)
-#define EPMOE_WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define EPMOE_WG_REGS128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
-
-// One 32-byte K step of the warpgroup's m64 x Cols tile: k16 of bf16 or k32 of e4m3 (fp8
-// has no transpose flags: both operands are K-major, as ours are).
-template <int Cols, bool kFp8>
-__device__ void wgmma_step(float (&d)[Cols / 8][4], uint64_t a, uint64_t b) {
-  static_assert(Cols == 128 || (Cols == 256 && !kFp8) || (Cols == 16 && kFp8),
-                "wgmma steps: bf16 m64n128 / m64n256, e4m3 m64n128 / m64n16");
-  if constexpr (Cols == 16) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1;\n"
-                 : EPMOE_WG_D4(0), EPMOE_WG_D4(1) : "l"(a), "l"(b));
-  } else if constexpr (Cols == 128 && !kFp8) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " EPMOE_WG_REGS64 ", %64, %65, 1, 1, 1, 0, 0;\n"
-                 : EPMOE_WG_D64(0) : "l"(a), "l"(b));
-  } else if constexpr (Cols == 128) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " EPMOE_WG_REGS64 ", %64, %65, 1, 1, 1;\n"
-                 : EPMOE_WG_D64(0) : "l"(a), "l"(b));
-  } else {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " EPMOE_WG_REGS128 ", %128, %129, 1, 1, 1, 0, 0;\n"
-                 : EPMOE_WG_D64(0), EPMOE_WG_D64(16) : "l"(a), "l"(b));
-  }
-}
-
-__device__ float activate(Activation activation, float value) {
-  if (activation == Activation::kSilu) return value / (1.0f + expf(-value));
-  return 0.5f * value * (1.0f + erff(value * 0.70710678118654752f));
-}
-
-__device__ void store_pair(uint16_t* destination, float first, float second) {
-  const __nv_bfloat162 packed = __floats2bfloat162_rn(first, second);
-  *reinterpret_cast<__nv_bfloat162*>(destination) = packed;
-}
-
-// Where the fp8 scales of row (or weight row) `n` of group `group` start; K tile k adds
-// k * k_stride.
-__device__ int32_t scale_index(const ScaleGrid& grid, int64_t n, int group) {
-  return static_cast<int32_t>((n / grid.block_n) * grid.row_stride + group * grid.group_stride);
-}
-
-// GEMM1's fused quantisation (EpilogueQuantize): called by every thread of a CTA whose bf16
-// outputs (rows [first_slot, + rows), columns [first_col, + tile_cols) of c) are written.
-// The last CTA of the scope to arrive quantises the scope: a group of 128 columns, or its
-// own tile under a static scale, so at most 128 values per row, held in registers; each
-// warp loads kBatch rows at once (the loads of this tail are exposed at decode sizes).
-__device__ void quantize_output(const EpilogueQuantize& q, const uint16_t* c, int64_t c_stride, int tile,
-                                int32_t first_slot, int rows, int64_t first_col, int tile_cols, int64_t out_cols) {
-  const bool per_group = q.granularity == Fp8Granularity::kPerGroup;
-  const int64_t begin = per_group ? first_col / q.group * q.group : first_col;
-  const int64_t width = min(per_group ? q.group : tile_cols, out_cols - begin);
-  const int arrivals = static_cast<int>((width + tile_cols - 1) / tile_cols);  // CTAs writing the scope
-  __shared__ bool last;
-  __threadfence();  // this CTA's outputs are visible to every SM before its arrival is
-  __syncthreads();
-  if (threadIdx.x == 0)
-    last = arrivals == 1 || atomicAdd(q.arrivals + tile * q.scopes_per_tile + begin / q.group, 1) == arrivals - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  constexpr int kBatch = 4;
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bool held = 4 * lane < width;
-#pragma unroll 1
-  for (int first = warp; first < rows; first += warps * kBatch) {
-    uint2 quads[kBatch];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int row = first + j * warps;
-      const uint16_t* span = c + (first_slot + row) * c_stride + begin;
-      quads[j] = row < rows && held ? __ldcg(reinterpret_cast<const uint2*>(span) + lane) : make_uint2(0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int64_t row = first + j * warps, slot = first_slot + row;
-      if (row < rows) {  // warp-uniform
-        const float scale = quantize_held(quads[j], held, q.static_scale, q.codes + slot * c_stride + begin, lane);
-        if (lane == 0 && per_group) q.scales[slot * ((c_stride + q.group - 1) / q.group) + begin / q.group] = scale;
-      }
-    }
-  }
-}
-
-// How a GEMM applies fp8 scales: none (bf16); per K tile, as the tile's sums are added to
-// the accumulator (scales that change along K: fp8_block); or once in the epilogue (per
-// channel / per tensor). Either way the tensor cores' sums are moved into the f32
-// accumulator every K tile of 128: fp8 wgmma accumulates with reduced precision (about 14
-// bits, DeepSeek-V3 report), which long K sums would show.
-enum class Scales { kNone, kPerKTile, kEpilogue };
 
 template <typename Cfg, bool kGated, Scales kScales>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGroups groups, PairLayout layout,
@@ -387,16 +255,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
       if (more) load_scales(k_tile + 1, a_next, b_next);
     }
   };
-  auto clear_stage = [&] {
-    if constexpr (kFp8) {
-#pragma unroll
-      for (int mi = 0; mi < Cfg::kMmaM; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < Cfg::kMmaN; ++ni)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) stage_acc[mi][ni][q] = 0.0f;
-    }
-  };
   auto promote_stage = [&] {
     if constexpr (kPerKTile) {
       add_scaled(acc, stage_acc, a_now, b_now);
@@ -478,11 +336,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
       const uint64_t a_descriptor = wgmma_descriptor(kSwapped ? b_tile : a_tile + warpgroup * 64 * kRowBytes);
       const uint64_t b_descriptor = wgmma_descriptor(kSwapped ? a_tile : b_tile);
       next_scales(first_k_tile + kt, kt + 1 < k_tiles);
-      clear_stage();
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kStepsPerStage; ++kk)  // +32 bytes along K inside the swizzle atom
-        wgmma_step<kSwapped ? Cfg::kRows : Cfg::kCols, kFp8>(sums[0], a_descriptor + 2 * kk, b_descriptor + 2 * kk);
+      for (int kk = 0; kk < kStepsPerStage; ++kk)  // +32 bytes along K inside the swizzle atom; fp8 starts a fresh sum
+        wgmma_step<kSwapped ? Cfg::kRows : Cfg::kCols, kFp8>(sums[0], a_descriptor + 2 * kk, b_descriptor + 2 * kk,
+                                                             !kFp8 || kk > 0);
       wgmma_commit();
       if constexpr (kFp8) {
         wgmma_wait<0>();
@@ -564,7 +422,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
                   "a group of 128 columns (GPU fp8_block) spans whole column tiles, and a tile fits in registers");
     if (groups.quantize.codes)
       quantize_output(groups.quantize, groups.c, groups.c_stride, tile, first_slot,
-                      min(Cfg::kRows, group_end - first_slot), first_col, Cfg::kCols / 2, out_cols);
+                      min(Cfg::kRows, group_end - first_slot), first_col, Cfg::kCols / 2, out_cols, threadIdx.x,
+                      Cfg::kThreads);
   }
 }
 
@@ -606,13 +465,11 @@ int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, std::min<int64_t>(most, kMaxKSplits)));
 }
 
-int choose_tile_rows(int64_t slots, int64_t groups, bool fp8) {
+int choose_tile_rows(int64_t slots, int64_t groups) {
   const int64_t rows_per_group = groups > 0 ? slots / groups : slots;
   if (rows_per_group <= DecodeConfig::kRows) return DecodeConfig::kRows;
-  // fp8 keeps a second accumulator per stage (the scale promotion): the 128 x 256 tile's
-  // registers would not hold both.
-  if (rows_per_group <= 2 * MediumConfig::kRows || fp8) return MediumConfig::kRows;
-  return LargeConfig::kRows;
+  if (rows_per_group <= 2 * MediumConfig::kRows) return MediumConfig::kRows;
+  return kSpecializedRows;
 }
 
 cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
@@ -623,21 +480,16 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
     return gated ? launch_config<Cfg, true, kScales>(groups, layout, max_tiles, activation, stream)
                  : launch_config<Cfg, false, kScales>(groups, layout, max_tiles, activation, stream);
   };
-  // bf16 configs, or e4m3 configs (the large tile is bf16 only: choose_tile_rows never
-  // picks it for fp8; the decode tile has an e4m3 config of its own).
+  // bf16 configs, or e4m3 configs (the decode tile has an e4m3 config of its own).
   auto dispatch = [&]<typename Cfg, typename Fp8Cfg>() {
     if (!groups.fp8) return with_scales.template operator()<Cfg, Scales::kNone>();
-    if constexpr (std::is_void_v<Fp8Cfg>) {
-      return cudaErrorInvalidValue;
-    } else {
-      return scales_along_k ? with_scales.template operator()<Fp8Cfg, Scales::kPerKTile>()
-                            : with_scales.template operator()<Fp8Cfg, Scales::kEpilogue>();
-    }
+    return scales_along_k ? with_scales.template operator()<Fp8Cfg, Scales::kPerKTile>()
+                          : with_scales.template operator()<Fp8Cfg, Scales::kEpilogue>();
   };
   switch (tile_rows) {
     case DecodeConfig::kRows: return dispatch.template operator()<DecodeConfig, DecodeFp8Config>();
     case MediumConfig::kRows: return dispatch.template operator()<MediumConfig, MediumConfig>();
-    case LargeConfig::kRows: return dispatch.template operator()<LargeConfig, void>();
+    case kSpecializedRows: return launch_specialized_gemm(groups, layout, max_tiles, gated, activation, stream);
     default: return cudaErrorInvalidValue;  // only the tile heights choose_tile_rows returns exist
   }
 }

@@ -99,8 +99,12 @@ struct GemmGroups {
 // gated: B rows are [gate; up] (N = 2 I) and C[slot, i] = act(gate_i) * up_i, i < I.
 cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
                          Activation activation, int tile_rows, cudaStream_t stream);
+// grouped_gemm_specialized.cu: the same GEMM on the warp-specialised 128-row tile (TMA for
+// B), which launch_grouped_gemm takes for tile_rows = 128; no split K.
+cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
+                                    Activation activation, cudaStream_t stream);
 // The tile height launch_grouped_gemm works best with for this many slots per group.
-int choose_tile_rows(int64_t slots, int64_t groups, bool fp8);
+int choose_tile_rows(int64_t slots, int64_t groups);
 // How many ways to split K so that a small grid (decode: few experts, few tiles) still
 // gives every SM two CTAs of weights to stream; 1 unless the decode tile is in use.
 inline constexpr int kMaxKSplits = 8;

@@ -71,7 +71,7 @@ struct WorkspaceLayout {
     const int64_t groups = s.num_local_experts + (shared ? 1 : 0);
     const int64_t widest = std::max(s.intermediate, s.shared_intermediate);
     slots = pairs_count + (shared ? s.tokens : 0);
-    tile_rows = cuda::choose_tile_rows(slots, groups, fp8);
+    tile_rows = cuda::choose_tile_rows(slots, groups);
     max_tiles = cuda::max_row_tiles(slots, groups, tile_rows);
     k_splits = cuda::choose_k_splits(tile_rows, std::min(slots, groups), s.hidden, s.intermediate);
     auto* cursor = static_cast<std::byte*>(base);
@@ -138,8 +138,12 @@ Status check_gpu_limits(const MoeSpec& spec, const MoeShape& shape, const MoeInp
       return bad_argument(name, "a multiple of " + std::to_string(multiple) + " on the GPU for " +
                                     std::string(quant_scheme_name(spec.quant.scheme)) + " (rows move in 16-byte pieces)",
                           std::to_string(size));
-  for (const auto& [name, tensor] : {std::pair{"x", &inputs.x}, std::pair{"w13", &weights.w13}, std::pair{"w2", &weights.w2}})
-    if (reinterpret_cast<uintptr_t>(tensor->data) % 16 != 0)
+  // 16 bytes: rows move in 16-byte pieces, and TMA reads the weights (its tensor maps need it).
+  for (const auto& [name, tensor] :
+       {std::pair{"x", &inputs.x}, std::pair{"w13", &weights.w13}, std::pair{"w2", &weights.w2},
+        std::pair{"shared_w13", weights.shared_w13 ? &*weights.shared_w13 : nullptr},
+        std::pair{"shared_w2", weights.shared_w2 ? &*weights.shared_w2 : nullptr}})
+    if (tensor && reinterpret_cast<uintptr_t>(tensor->data) % 16 != 0)
       return bad_argument(name, "16-byte aligned device memory", "an address off by " +
                                     std::to_string(reinterpret_cast<uintptr_t>(tensor->data) % 16));
   if (workspace.bytes < needed || (workspace.data == nullptr && needed > 0))

@@ -1,0 +1,169 @@
+// What the grouped GEMM kernels share (grouped_gemm.cu: cp.async tiles for decode and mid
+// sizes; grouped_gemm_specialized.cu: the warp-specialised 128-row tile): the shared-memory
+// tile format, the wgmma instructions that read it, and the epilogue's pieces (activation,
+// fp8 scale indices, GEMM1's fused quantisation).
+//
+// Tile format: rows of 128 bytes of K (64 bf16 or 128 e4m3), K-major, 16-byte chunks
+// XOR-swizzled by row (chunk ^ (row % 8)) in 1024-byte-aligned tiles: the 128-byte swizzle
+// that wgmma reads and TMA writes, and free of bank conflicts for ldmatrix.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "fp8_codes.cuh"
+#include "launchers.h"
+
+namespace epmoe::cuda {
+
+inline constexpr int kRowBytes = 128;  // K bytes per pipeline stage and tile row: 64 bf16 or 128 e4m3
+inline constexpr int kChunksPerRow = kRowBytes / 16;  // 16-byte chunks
+inline constexpr int kStepsPerStage = kRowBytes / 32;  // tensor-core steps of 32 K bytes (k16 bf16, k32 e4m3)
+
+// The element type of A and B: its size, and the K elements one stage holds.
+template <bool kFp8>
+struct Operand {
+  static constexpr int kBytes = kFp8 ? 1 : 2;
+  static constexpr int kDepth = kRowBytes / kBytes;
+};
+
+// How a GEMM applies fp8 scales: none (bf16); per K tile, as the tile's sums are added to
+// the accumulator (scales that change along K: fp8_block); or once in the epilogue (per
+// channel / per tensor). Either way the tensor cores' sums are moved into the f32
+// accumulator every K tile of 128: fp8 wgmma accumulates with reduced precision (about 14
+// bits, DeepSeek-V3 report), which long K sums would show.
+enum class Scales { kNone, kPerKTile, kEpilogue };
+
+__device__ inline uint32_t shared_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// Byte offset of (row, 16-byte chunk) in a swizzled tile of 128-byte rows.
+__device__ inline int swizzled(int row, int chunk) { return row * kRowBytes + ((chunk ^ (row & 7)) * 16); }
+
+// 16 bytes global -> shared, zero-filled when !valid (source must still be a valid address).
+__device__ inline void copy_async(uint8_t* destination, const uint8_t* source, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(destination)), "l"(source),
+               "r"(valid ? 16 : 0));
+}
+
+// wgmma descriptor of a K-major tile with 128-byte rows (bf16 or e4m3), 128-byte swizzle:
+// start address >> 4, leading offset 16 B (unused for this layout), stride 1024 B between
+// groups of 8 rows, layout type 1 (128B swizzle). The tile must be 1024-byte aligned.
+__device__ inline uint64_t wgmma_descriptor(const uint8_t* tile) {
+  const uint64_t address = shared_address(tile);
+  return ((address & 0x3ffff) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int Pending>
+__device__ inline void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+
+// The accumulator operands of one wgmma: d[j][q] is n8 block j in the mma.sync fragment
+// order (thread holds rows lane / 4 + 8 (q / 2), columns 8 j + 2 (lane % 4) + q % 2 of its
+// warp's 16 rows); 2 blocks (n16), 16 (n128) or 32 (n256).
+#define EPMOE_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define EPMOE_WG_D16(j) EPMOE_WG_D4(j), EPMOE_WG_D4(j + 1), EPMOE_WG_D4(j + 2), EPMOE_WG_D4(j + 3)
+#define EPMOE_WG_D64(j) EPMOE_WG_D16(j), EPMOE_WG_D16(j + 4), EPMOE_WG_D16(j + 8), EPMOE_WG_D16(j + 12)
+#define EPMOE_WG_REGS8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define EPMOE_WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define EPMOE_WG_REGS128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+// scale-d as a predicate from operand `n`: 0 overwrites d with the product, 1 adds to it.
+#define EPMOE_WG_SCALE_D(n) "{\n.reg .pred keep;\nsetp.ne.b32 keep, %" #n ", 0;\n"
+
+// One 32-byte K step of a warpgroup's m64 x Cols tile: k16 of bf16 or k32 of e4m3 (fp8
+// has no transpose flags: both operands are K-major, as ours are). accumulate = false
+// overwrites d (the first step of a fresh sum) instead of adding to it.
+template <int Cols, bool kFp8>
+__device__ inline void wgmma_step(float (&d)[Cols / 8][4], uint64_t a, uint64_t b, bool accumulate) {
+  static_assert(Cols == 128 || (Cols == 256 && !kFp8) || (Cols == 16 && kFp8),
+                "wgmma steps: bf16 m64n128 / m64n256, e4m3 m64n128 / m64n16");
+  const int keep = accumulate;
+  if constexpr (Cols == 16) {
+    asm volatile(EPMOE_WG_SCALE_D(10) "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 " EPMOE_WG_REGS8
+                 ", %8, %9, keep, 1, 1;\n}\n"
+                 : EPMOE_WG_D4(0), EPMOE_WG_D4(1) : "l"(a), "l"(b), "r"(keep));
+  } else if constexpr (Cols == 128 && !kFp8) {
+    asm volatile(EPMOE_WG_SCALE_D(66) "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " EPMOE_WG_REGS64
+                 ", %64, %65, keep, 1, 1, 0, 0;\n}\n"
+                 : EPMOE_WG_D64(0) : "l"(a), "l"(b), "r"(keep));
+  } else if constexpr (Cols == 128) {
+    asm volatile(EPMOE_WG_SCALE_D(66) "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " EPMOE_WG_REGS64
+                 ", %64, %65, keep, 1, 1;\n}\n"
+                 : EPMOE_WG_D64(0) : "l"(a), "l"(b), "r"(keep));
+  } else {
+    asm volatile(EPMOE_WG_SCALE_D(130) "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " EPMOE_WG_REGS128
+                 ", %128, %129, keep, 1, 1, 0, 0;\n}\n"
+                 : EPMOE_WG_D64(0), EPMOE_WG_D64(16) : "l"(a), "l"(b), "r"(keep));
+  }
+}
+
+__device__ inline float activate(Activation activation, float value) {
+  if (activation == Activation::kSilu) return value / (1.0f + expf(-value));
+  return 0.5f * value * (1.0f + erff(value * 0.70710678118654752f));
+}
+
+__device__ inline void store_pair(uint16_t* destination, float first, float second) {
+  const __nv_bfloat162 packed = __floats2bfloat162_rn(first, second);
+  *reinterpret_cast<__nv_bfloat162*>(destination) = packed;
+}
+
+// Where the fp8 scales of row (or weight row) `n` of group `group` start; K tile k adds
+// k * k_stride.
+__device__ inline int32_t scale_index(const ScaleGrid& grid, int64_t n, int group) {
+  return static_cast<int32_t>((n / grid.block_n) * grid.row_stride + group * grid.group_stride);
+}
+
+// Synchronises the `threads` threads of a CTA that run an epilogue (all of them, or the
+// consumer warpgroups of a warp-specialised kernel), on named barrier 1.
+__device__ inline void sync_epilogue(int threads) { asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory"); }
+
+// GEMM1's fused quantisation (EpilogueQuantize): called by the `threads` epilogue threads of
+// a CTA (`thread` = this one's index among them) once their bf16 outputs (rows [first_slot,
+// + rows), columns [first_col, + tile_cols) of c) are written. The last CTA of the scope to
+// arrive quantises the scope: a group of 128 columns, or its own tile under a static scale,
+// so at most 128 values per row, held in registers; each warp loads kBatch rows at once
+// (the loads of this tail are exposed at decode sizes).
+__device__ inline void quantize_output(const EpilogueQuantize& q, const uint16_t* c, int64_t c_stride, int tile,
+                                       int32_t first_slot, int rows, int64_t first_col, int tile_cols,
+                                       int64_t out_cols, int thread, int threads) {
+  const bool per_group = q.granularity == Fp8Granularity::kPerGroup;
+  const int64_t begin = per_group ? first_col / q.group * q.group : first_col;
+  const int64_t width = min(per_group ? q.group : tile_cols, out_cols - begin);
+  const int arrivals = static_cast<int>((width + tile_cols - 1) / tile_cols);  // CTAs writing the scope
+  __shared__ bool last;
+  __threadfence();  // this CTA's outputs are visible to every SM before its arrival is
+  sync_epilogue(threads);
+  if (thread == 0)
+    last = arrivals == 1 || atomicAdd(q.arrivals + tile * q.scopes_per_tile + begin / q.group, 1) == arrivals - 1;
+  sync_epilogue(threads);
+  if (!last) return;
+  __threadfence();
+  constexpr int kBatch = 4;
+  const int warps = threads / 32, warp = thread / 32, lane = thread % 32;
+  const bool held = 4 * lane < width;
+#pragma unroll 1
+  for (int first = warp; first < rows; first += warps * kBatch) {
+    uint2 quads[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int row = first + j * warps;
+      const uint16_t* span = c + (first_slot + row) * c_stride + begin;
+      quads[j] = row < rows && held ? __ldcg(reinterpret_cast<const uint2*>(span) + lane) : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t row = first + j * warps, slot = first_slot + row;
+      if (row < rows) {  // warp-uniform
+        const float scale = quantize_held(quads[j], held, q.static_scale, q.codes + slot * c_stride + begin, lane);
+        if (lane == 0 && per_group) q.scales[slot * ((c_stride + q.group - 1) / q.group) + begin / q.group] = scale;
+      }
+    }
+  }
+}
+
+}  // namespace epmoe::cuda

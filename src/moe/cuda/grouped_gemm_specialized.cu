@@ -1,0 +1,372 @@
+// The grouped GEMM's 128-row tile, for the sizes where the tensor cores are the bound
+// (hundreds of rows per expert and more): warp-specialised, after DeepGEMM's layout.
+//
+// Work: as grouped_gemm.cu (blockIdx.x = a row tile of PairLayout, blockIdx.y = a column
+// tile; tiles past tile_count exit at once), and the same operands: A rows [*, K] gathered
+// per slot (K-major), B_g = [N, K] K-major, f32 accumulation, the gated activation and
+// GEMM1's fp8 quantisation fused into the epilogue.
+// Threads: three warpgroups. The producer (warpgroup 0, few registers) fills a ring of
+// stages: B by TMA (one 3-D tensor map over [experts, N, K]; gated: the tile's gate rows
+// and its up rows as two boxes, so columns [0, Cols/2) of the B tile are gate and the rest
+// up), A by cp.async (the rows are a gather of x, which TMA cannot do on sm_90), and, for
+// fp8_block, the stage's A and B scales. Each stage has a "full" mbarrier (the B bytes as a
+// transaction count, one cp.async arrival per producer thread) and an "empty" one (one
+// arrival per consumer warp). The two consumers (warpgroups 1 and 2, rows 0-63 and 64-127,
+// most registers) only wait and multiply: bf16 keeps one wgmma group in flight; fp8 waits
+// for each stage's sums and adds them to the accumulator times the stage's scales, and
+// while one consumer does that the other's wgmma keeps the tensor cores busy.
+// Tiles: bf16 128 x 256 (m64n256k16 per consumer), e4m3 128 x 128 (m64n128k32, a second
+// accumulator for the per-stage sums), 192 KiB of stages either way.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "gemm_tiles.cuh"
+#include "launch.cuh"
+#include "launchers.h"
+
+namespace epmoe::cuda {
+
+namespace {
+
+template <bool kFp8>
+struct SpecializedTile {
+  static constexpr int kRows = 128;
+  static constexpr int kCols = kFp8 ? 128 : 256;  // B rows per tile; gated: half gate, half up
+  static constexpr int kStages = kFp8 ? 6 : 4;
+  static constexpr int kProducerThreads = 128, kConsumerThreads = 256;
+  static constexpr int kThreads = kProducerThreads + kConsumerThreads;
+  // setmaxnreg: the producer gives registers to the consumers (their sum is what the
+  // launch bounds allot: 384 threads x 168).
+  static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+  static constexpr int kATileBytes = kRows * kRowBytes;
+  static constexpr int kBTileBytes = kCols * kRowBytes;
+  static constexpr int kStageBytes = kATileBytes + kBTileBytes;
+  static constexpr int kMmaN = kCols / 8;  // n8 blocks of a consumer's m64 x kCols accumulator
+  static constexpr int kAChunks = kRows * kChunksPerRow / kProducerThreads;  // per producer thread and stage
+  static_assert(kRows == kProducerThreads, "a producer thread stages one row's fp8 scale");
+};
+
+// After the ring of stages: the mbarriers and the fp8_block scales of each stage.
+template <int kStages>
+struct StageControl {
+  uint64_t full[kStages];   // B landed (transaction bytes) and every producer thread's cp.asyncs
+  uint64_t empty[kStages];  // every consumer warp is done reading the stage
+  float a_scales[kStages][128];  // of the tile's rows, for this stage's K tile
+  float b_scales[kStages][2];    // of the tile's gate rows and up rows (one 128-block each)
+};
+
+template <bool kFp8>
+constexpr size_t specialized_shared_bytes() {
+  using Tile = SpecializedTile<kFp8>;
+  return 1024 + size_t{Tile::kStages} * Tile::kStageBytes + sizeof(StageControl<Tile::kStages>);
+}
+
+__device__ inline void barrier_init(uint64_t* barrier, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(count));
+}
+__device__ inline void barrier_arrive(uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(barrier)) : "memory");
+}
+__device__ inline void barrier_expect_bytes(uint64_t* barrier, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(bytes)
+               : "memory");
+}
+// Arrives on the barrier once this thread's cp.asyncs so far have landed; counts as one of
+// the arrivals the barrier was initialised with.
+__device__ inline void barrier_arrive_after_copies(uint64_t* barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(barrier)) : "memory");
+}
+// Waits for the completion of the barrier's phase of this parity.
+__device__ inline void barrier_wait(uint64_t* barrier, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred complete;\nmbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, complete;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(barrier)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// TMA: the box at (k, row, expert) of a 3-D tensor map into shared memory, completing
+// `bytes` on the barrier.
+__device__ inline void load_box(uint8_t* destination, const CUtensorMap& map, int k, int row, int expert,
+                                uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          shared_address(destination)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(k), "r"(row), "r"(expert), "r"(shared_address(barrier))
+      : "memory");
+}
+
+// 4 bytes global -> shared (a scale), through L1.
+__device__ inline void copy_scale_async(float* destination, const float* source) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(destination)), "l"(source));
+}
+
+template <bool kFp8, bool kGated, Scales kScales>
+__global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
+    specialized_gemm_kernel(const __grid_constant__ CUtensorMap b_routed_map,
+                            const __grid_constant__ CUtensorMap b_shared_map, GemmGroups groups, PairLayout layout,
+                            Activation activation) {
+  using Tile = SpecializedTile<kFp8>;
+  using Op = Operand<kFp8>;
+  constexpr int kStages = Tile::kStages;
+  constexpr bool kPerKTile = kScales == Scales::kPerKTile;
+  extern __shared__ __align__(128) uint8_t shared_raw[];
+  uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
+  auto& control = *reinterpret_cast<StageControl<kStages>*>(ring + kStages * Tile::kStageBytes);
+  allow_successor();
+  wait_for_predecessor();
+  const int tile = blockIdx.x;
+  if (tile >= *layout.tile_count) return;
+  const int group = layout.tile_group[tile];
+  const int32_t first_slot = layout.tile_row[tile];
+  const int32_t group_end = layout.group_offsets[group + 1];
+  const bool shared = group == groups.local_experts;
+  const int64_t N = shared ? groups.n_shared : groups.n;
+  const int64_t K = shared ? groups.k_shared : groups.k;
+  const int64_t out_cols = kGated ? N / 2 : N;
+  const int64_t first_col = static_cast<int64_t>(blockIdx.y) * (kGated ? Tile::kCols / 2 : Tile::kCols);
+  if (first_col >= out_cols) return;
+  const auto* A = static_cast<const uint8_t*>(shared ? groups.a_shared : groups.a_routed);
+  const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
+  const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
+  const int k_tiles = static_cast<int>((K + Op::kDepth - 1) / Op::kDepth);
+  // The A row behind tile row `row`, or -1 past the group.
+  auto a_row = [&](int row) -> int64_t {
+    const int32_t slot = first_slot + row;
+    if (slot >= group_end) return -1;
+    return groups.a_row_of_slot ? groups.a_row_of_slot[slot] : slot;
+  };
+  // The first weight row of the tile's gate half (or of the tile), and of its up half.
+  const int64_t b_rows[2] = {first_col, kGated ? out_cols + first_col : first_col};
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      barrier_init(&control.full[s], Tile::kProducerThreads + 1);  // + the arrival that sets the B bytes
+      barrier_init(&control.empty[s], Tile::kConsumerThreads / 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+  }
+  __syncthreads();
+
+  if (threadIdx.x < Tile::kProducerThreads) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tile::kProducerRegisters));
+    const int thread = threadIdx.x, chunk = thread % kChunksPerRow;
+    // This thread's A chunks: column chunk `chunk` of rows thread / 8 + 16 i.
+    const uint8_t* a_source[Tile::kAChunks];
+#pragma unroll
+    for (int i = 0; i < Tile::kAChunks; ++i) {
+      const int64_t row = a_row(thread / kChunksPerRow + i * (Tile::kProducerThreads / kChunksPerRow));
+      a_source[i] = row >= 0 ? A + row * groups.a_stride * Op::kBytes + chunk * 16 : nullptr;
+    }
+    // fp8_block: the scale of tile row `thread` (any row of the group past its end).
+    const float* a_scale_source = nullptr;
+    if constexpr (kPerKTile) a_scale_source = a_scales.scales + scale_index(a_scales, max(a_row(thread), int64_t{0}), group);
+    const CUtensorMap& b_map = shared ? b_shared_map : b_routed_map;
+    const int expert = shared ? 0 : group;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % kStages;
+      if (kt >= kStages) barrier_wait(&control.empty[s], (kt / kStages - 1) & 1);
+      uint8_t* a_tile = ring + s * Tile::kStageBytes;
+      uint8_t* b_tile = a_tile + Tile::kATileBytes;
+      const int k0 = kt * Op::kDepth;
+      if (thread == 0) {
+        barrier_expect_bytes(&control.full[s], Tile::kBTileBytes);
+        constexpr int kBoxRows = kGated ? Tile::kCols / 2 : Tile::kCols;
+#pragma unroll
+        for (int half = 0; half < Tile::kCols / kBoxRows; ++half)
+          load_box(b_tile + half * kBoxRows * kRowBytes, b_map, k0, static_cast<int>(b_rows[half]), expert,
+                   &control.full[s]);
+      }
+      const bool k_valid = k0 + chunk * (16 / Op::kBytes) < K;
+#pragma unroll
+      for (int i = 0; i < Tile::kAChunks; ++i) {
+        const int row = thread / kChunksPerRow + i * (Tile::kProducerThreads / kChunksPerRow);
+        const bool valid = a_source[i] && k_valid;
+        copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + static_cast<int64_t>(k0) * Op::kBytes : A,
+                   valid);
+      }
+      if constexpr (kPerKTile) {
+        copy_scale_async(&control.a_scales[s][thread], a_scale_source + kt * a_scales.k_stride);
+        if (thread < 2)
+          copy_scale_async(&control.b_scales[s][thread],
+                           b_scales.scales + scale_index(b_scales, thread == 0 ? b_rows[0] : b_rows[1], shared ? 0 : group) +
+                               kt * b_scales.k_stride);
+      }
+      barrier_arrive_after_copies(&control.full[s]);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tile::kConsumerRegisters));
+  const int thread = threadIdx.x - Tile::kProducerThreads;  // among the consumers
+  const int consumer = thread / 128, lane = thread % 32;
+  // This thread's accumulator rows in the tile (m64 fragment order: rows[h] for q / 2 = h).
+  const int first_row = consumer * 64 + (thread / 32) % 4 * 16 + lane / 4;
+  const int rows[2] = {first_row, first_row + 8};
+  float acc[Tile::kMmaN][4] = {};
+  float sums[kFp8 ? Tile::kMmaN : 1][4];
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    const int s = kt % kStages;
+    barrier_wait(&control.full[s], (kt / kStages) & 1);
+    const uint8_t* a_tile = ring + s * Tile::kStageBytes;
+    const uint64_t a_descriptor = wgmma_descriptor(a_tile + consumer * 64 * kRowBytes);
+    const uint64_t b_descriptor = wgmma_descriptor(a_tile + Tile::kATileBytes);
+    wgmma_fence();
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int kk = 0; kk < kStepsPerStage; ++kk)  // +32 bytes along K inside the swizzle atom
+        wgmma_step<Tile::kCols, true>(sums, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kk > 0);
+      wgmma_commit();
+      float a_scale[2] = {1.0f, 1.0f}, b_scale[2] = {1.0f, 1.0f};
+      if constexpr (kPerKTile) {
+        a_scale[0] = control.a_scales[s][rows[0]], a_scale[1] = control.a_scales[s][rows[1]];
+        b_scale[0] = control.b_scales[s][0], b_scale[1] = control.b_scales[s][1];
+      }
+      wgmma_wait<0>();
+      if (lane == 0) barrier_arrive(&control.empty[s]);
+#pragma unroll
+      for (int j = 0; j < Tile::kMmaN; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          acc[j][q] += sums[j][q] * (a_scale[q / 2] * b_scale[kGated && j >= Tile::kMmaN / 2 ? 1 : 0]);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kStepsPerStage; ++kk)
+        wgmma_step<Tile::kCols, false>(acc, a_descriptor + 2 * kk, b_descriptor + 2 * kk, true);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous stage's group is done: release that stage
+      if (kt > 0 && lane == 0) barrier_arrive(&control.empty[(kt - 1) % kStages]);
+    }
+  }
+  wgmma_wait<0>();
+
+  // Epilogue: rows rows[h], columns 8 j + 2 (lane % 4) + e of the B tile (gated:
+  // j < kMmaN / 2 gate, j + kMmaN / 2 the up of the same output column).
+  constexpr int kOutBlocks = kGated ? Tile::kMmaN / 2 : Tile::kMmaN;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = rows[h];
+    const int32_t slot = first_slot + row;
+    if (slot >= group_end) continue;
+    float a_scale = 1.0f;
+    if constexpr (kScales == Scales::kEpilogue) a_scale = a_scales.scales[scale_index(a_scales, a_row(row), group)];
+    uint16_t* c_row = groups.c + static_cast<int64_t>(slot) * groups.c_stride;
+#pragma unroll
+    for (int j = 0; j < kOutBlocks; ++j) {
+      const int64_t col = first_col + j * 8 + (lane % 4) * 2;
+      if (col >= out_cols) continue;
+      float value[2], up[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        value[e] = acc[j][2 * h + e];
+        if constexpr (kGated) up[e] = acc[j + kOutBlocks][2 * h + e];
+        if constexpr (kScales == Scales::kEpilogue) {  // per channel / per tensor: scales constant along K
+          const int g = shared ? 0 : group;
+          value[e] *= a_scale * b_scales.scales[scale_index(b_scales, b_rows[0] + (col - first_col) + e, g)];
+          if constexpr (kGated) up[e] *= a_scale * b_scales.scales[scale_index(b_scales, b_rows[1] + (col - first_col) + e, g)];
+        }
+      }
+      if constexpr (kGated)
+        store_pair(c_row + col, activate(activation, value[0]) * up[0], activate(activation, value[1]) * up[1]);
+      else
+        store_pair(c_row + col, value[0], value[1]);
+    }
+  }
+  if constexpr (kGated && kFp8) {
+    static_assert(128 % (Tile::kCols / 2) == 0, "a group of 128 columns (GPU fp8_block) spans whole column tiles");
+    if (groups.quantize.codes)
+      quantize_output(groups.quantize, groups.c, groups.c_stride, tile, first_slot,
+                      min(Tile::kRows, group_end - first_slot), first_col, Tile::kCols / 2, out_cols, thread,
+                      Tile::kConsumerThreads);
+  }
+}
+
+// cuTensorMapEncodeTiled, from the driver the runtime has loaded (no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      function = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encoder;
+}
+
+// The tensor map of weights [experts, n, k] (K-major) for boxes of `box_rows` rows of 128
+// bytes, 128-byte swizzle (the tile format), zeros past the edges.
+cudaError_t weight_tensor_map(CUtensorMap& map, const void* weights, int64_t experts, int64_t n, int64_t k,
+                              int element_bytes, int box_rows) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(experts)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(k * element_bytes),
+                                 static_cast<cuuint64_t>(n * k * element_bytes)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kRowBytes / element_bytes), static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult result =
+      encode(&map, element_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+             const_cast<void*>(weights), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <bool kFp8, bool kGated, Scales kScales>
+cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
+                               Activation activation, cudaStream_t stream) {
+  using Tile = SpecializedTile<kFp8>;
+  auto* kernel = specialized_gemm_kernel<kFp8, kGated, kScales>;
+  constexpr size_t kSharedBytes = specialized_shared_bytes<kFp8>();
+  static const cudaError_t attribute_error = [&] {
+    const cudaError_t error =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes));
+    return error != cudaSuccess ? error : prefer_max_shared_memory(reinterpret_cast<const void*>(kernel));
+  }();
+  if (attribute_error != cudaSuccess) return attribute_error;
+  // Both maps exist for the launch; one without weights stands in for the other (never read).
+  const int box_rows = kGated ? Tile::kCols / 2 : Tile::kCols;
+  CUtensorMap routed{}, shared{};
+  const bool has_routed = groups.b_routed && groups.local_experts > 0 && groups.n > 0 && groups.k > 0;
+  const bool has_shared = groups.b_shared && groups.n_shared > 0 && groups.k_shared > 0;
+  if (has_routed)
+    if (const cudaError_t error = weight_tensor_map(routed, groups.b_routed, groups.local_experts, groups.n, groups.k,
+                                                    Operand<kFp8>::kBytes, box_rows);
+        error != cudaSuccess)
+      return error;
+  if (has_shared)
+    if (const cudaError_t error = weight_tensor_map(shared, groups.b_shared, 1, groups.n_shared, groups.k_shared,
+                                                    Operand<kFp8>::kBytes, box_rows);
+        error != cudaSuccess)
+      return error;
+  if (!has_routed) routed = shared;
+  if (!has_shared) shared = routed;
+  const int64_t widest = std::max(groups.n, groups.n_shared) / (kGated ? 2 : 1);
+  const int64_t cols_per_tile = kGated ? Tile::kCols / 2 : Tile::kCols;
+  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>((widest + cols_per_tile - 1) / cols_per_tile));
+  return launch_chained(kernel, grid, dim3(Tile::kThreads), kSharedBytes, stream, routed, shared, groups, layout,
+                        activation);
+}
+
+}  // namespace
+
+cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
+                                    Activation activation, cudaStream_t stream) {
+  if (groups.k_splits != 1) return cudaErrorInvalidValue;  // split K is the decode tile's
+  auto with_scales = [&]<bool kFp8, Scales kScales>() {
+    return gated ? launch_specialized<kFp8, true, kScales>(groups, layout, max_tiles, activation, stream)
+                 : launch_specialized<kFp8, false, kScales>(groups, layout, max_tiles, activation, stream);
+  };
+  if (!groups.fp8) return with_scales.template operator()<false, Scales::kNone>();
+  const bool scales_along_k = groups.a_routed_scale.k_stride != 0 || groups.b_routed_scale.k_stride != 0;
+  return scales_along_k ? with_scales.template operator()<true, Scales::kPerKTile>()
+                        : with_scales.template operator()<true, Scales::kEpilogue>();
+}
+
+}  // namespace epmoe::cuda
