@@ -58,13 +58,65 @@ TEST(TileSchedule, MaxRowTilesBoundsEverySpreadOfSlots) {
 TEST(TileSchedule, TileRowsGrowWithRowsPerGroup) {
   int previous = 0;
   for (int64_t rows_per_group = 1; rows_per_group <= 4096; rows_per_group *= 2) {
-    const int rows = cuda::choose_tile_rows(rows_per_group * 33, 33);
+    const int rows = cuda::choose_tile_rows(rows_per_group);
     EXPECT_GE(rows, previous) << rows_per_group << " rows per group";
     EXPECT_TRUE(rows == 16 || rows == 64 || rows == 128) << rows;
     previous = rows;
   }
-  EXPECT_EQ(cuda::choose_tile_rows(16 * 8, 8), 16);  // a decode step: up to 16 rows an expert
-  EXPECT_EQ(cuda::choose_tile_rows(4096 * 8, 8), 128);
+  EXPECT_EQ(cuda::choose_tile_rows(16), 16);  // a decode step: up to 16 rows an expert
+  EXPECT_EQ(cuda::choose_tile_rows(4096), 128);
+}
+
+// The plan's lists hold every tile sort_pairs can make: the main list (routed groups, and the
+// shared group of T rows unless apart) for any spread of the T k pairs over the local experts,
+// and the shared list exactly ceil(T / its height).
+TEST(TileSchedule, PlanHoldsEveryTileForAnySpreadOfPairs) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int64_t tokens = 1 + static_cast<int64_t>(rng() % 20000), top_k = 1 + static_cast<int64_t>(rng() % 8);
+    const int64_t experts = top_k + static_cast<int64_t>(rng() % 256);
+    const int64_t local = 1 + static_cast<int64_t>(rng() % experts);
+    const int64_t shared_intermediate = trial % 2 == 0 ? 0 : 128 * (1 + static_cast<int64_t>(rng() % 80));
+    const cuda::TilePlan plan = cuda::plan_tiles(tokens, top_k, experts, local, shared_intermediate, 1024, 1024);
+    SCOPED_TRACE(std::to_string(tokens) + " tokens, k " + std::to_string(top_k) + ", " + std::to_string(local) + "/" +
+                 std::to_string(experts) + " experts, I_s " + std::to_string(shared_intermediate));
+    std::vector<int64_t> counts(local, 0);
+    const int64_t local_pairs = static_cast<int64_t>(rng() % (tokens * top_k + 1));
+    if (trial % 3 == 0) counts[rng() % local] = local_pairs;  // all on one expert
+    else
+      for (int64_t p = 0; p < local_pairs; ++p) ++counts[rng() % local];
+    const bool shared_apart = plan.shared_tile_rows > 0;
+    EXPECT_TRUE(shared_intermediate > 0 || !shared_apart);
+    const int64_t shared_in_main = shared_intermediate > 0 && !shared_apart ? (tokens + plan.tile_rows - 1) / plan.tile_rows : 0;
+    EXPECT_LE(tiles_needed(counts, plan.tile_rows) + shared_in_main, plan.max_tiles);
+    if (shared_apart) {
+      EXPECT_NE(plan.shared_tile_rows, plan.tile_rows);
+      EXPECT_EQ(plan.shared_tiles, (tokens + plan.shared_tile_rows - 1) / plan.shared_tile_rows);
+    } else {
+      EXPECT_EQ(plan.shared_tiles, 0);
+    }
+  }
+}
+
+TEST(TileSchedule, RoutedTilesFollowExpectedRowsAndSharedExpertsGoApartOnlyWhenTheyFillTheGpu) {
+  // deepseek-v3 at ep=8 (32 of 256 experts local, one shared expert of I_s = 2048).
+  const cuda::TilePlan decode = cuda::plan_tiles(64, 8, 256, 32, 2048, 7168, 2048);
+  EXPECT_EQ(decode.tile_rows, 16) << "2 rows an expert expected, not the 17 of the upper bound";
+  EXPECT_EQ(decode.shared_tiles, 0) << "64 shared rows alone would leave most SMs idle";
+  const cuda::TilePlan mid = cuda::plan_tiles(1024, 8, 256, 32, 2048, 7168, 2048);
+  EXPECT_EQ(mid.tile_rows, 64);
+  EXPECT_EQ(mid.shared_tiles, 0);
+  const cuda::TilePlan large = cuda::plan_tiles(16384, 8, 256, 32, 2048, 7168, 2048);
+  EXPECT_EQ(large.tile_rows, 128);
+  EXPECT_EQ(large.shared_tiles, 0) << "same height: one list";
+  // Llama-4 Scout (16 experts, k = 1, shared I_s = 8192) at 2048 tokens: 128 routed rows
+  // an expert, 2048 shared rows on 16 x 64 CTAs of their own.
+  const cuda::TilePlan scout = cuda::plan_tiles(2048, 1, 16, 16, 8192, 5120, 8192);
+  EXPECT_EQ(scout.tile_rows, 64);
+  EXPECT_EQ(scout.shared_tile_rows, 128);
+  EXPECT_EQ(scout.shared_tiles, 16);
 }
 
 TEST(TileSchedule, KSplitsOnlyForTheDecodeTileAndNeverBelowFourKTiles) {

@@ -80,9 +80,12 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
     ids[t * kTopK] = first;
     ids[t * kTopK + 1] = (first + 1 + static_cast<int>(rng() % (kLocalExperts - 1))) % kLocalExperts;
   }
-  const int tile_rows = cuda::choose_tile_rows(slots, groups);
-  ASSERT_EQ(tile_rows, c.tile_rows) << "the case no longer covers the tile it names";
-  const int64_t max_tiles = cuda::max_row_tiles(slots, groups, tile_rows);
+  const cuda::TilePlan plan = cuda::plan_tiles(T, kTopK, kLocalExperts, kLocalExperts, kSharedIntermediate, K,
+                                               kIntermediate);
+  ASSERT_EQ(plan.tile_rows, c.tile_rows) << "the case no longer covers the tile it names";
+  ASSERT_EQ(plan.shared_tiles, 0) << "one tile list";
+  const int tile_rows = plan.tile_rows;
+  const int64_t max_tiles = plan.max_tiles;
   const int64_t scopes = per_group ? (kIntermediate + 127) / 128 : 0;
   cuda::PairLayout layout{};
   layout.group_counts = upload_vector(std::vector<int32_t>(groups), storage);
@@ -91,11 +94,11 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   layout.slot_token = upload_vector(std::vector<int32_t>(slots), storage);
   layout.tile_group = upload_vector(std::vector<int32_t>(max_tiles), storage);
   layout.tile_row = upload_vector(std::vector<int32_t>(max_tiles), storage);
-  layout.tile_count = upload_vector(std::vector<int32_t>(1), storage);
+  layout.tile_count = upload_vector(std::vector<int32_t>(2), storage);
   layout.arrival_count = max_tiles * scopes;
   layout.arrivals = upload_vector(std::vector<int32_t>(layout.arrival_count, 12345), storage);  // sort_pairs zeroes
   ASSERT_EQ(cuda::launch_sort_pairs(upload_vector(ids, storage), nullptr, T, kTopK, kLocalExperts, kLocalExperts,
-                                    true, tile_rows, max_tiles, layout, nullptr),
+                                    true, plan, layout, nullptr),
             cudaSuccess);
 
   // e4m3 activations and weights with the scheme's scales (per tensor: a static activation
@@ -187,10 +190,10 @@ INSTANTIATE_TEST_SUITE_P(
     Schemes, FusedQuantize,
     ::testing::Values(FusedCase{"per_group_decode_tile", cuda::Fp8Granularity::kPerGroup, 3, 16},
                       FusedCase{"per_group_medium_tile", cuda::Fp8Granularity::kPerGroup, 60, 64},
-                      FusedCase{"per_group_specialized_tile", cuda::Fp8Granularity::kPerGroup, 300, 128},
+                      FusedCase{"per_group_specialized_tile", cuda::Fp8Granularity::kPerGroup, 400, 128},
                       FusedCase{"static_per_tensor_decode_tile", cuda::Fp8Granularity::kPerTensor, 3, 16},
                       FusedCase{"static_per_tensor_medium_tile", cuda::Fp8Granularity::kPerTensor, 60, 64},
-                      FusedCase{"static_per_tensor_specialized_tile", cuda::Fp8Granularity::kPerTensor, 300, 128}),
+                      FusedCase{"static_per_tensor_specialized_tile", cuda::Fp8Granularity::kPerTensor, 400, 128}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

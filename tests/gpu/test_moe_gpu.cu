@@ -16,6 +16,7 @@
 #include "epmoe/moe_cpu.h"
 #include "epmoe/moe_cuda.h"
 #include "epmoe/naive_moe.h"
+#include "moe/cuda/launchers.h"
 #include "epmoe/presets.h"
 
 namespace epmoe {
@@ -194,6 +195,26 @@ INSTANTIATE_TEST_SUITE_P(Presets, GpuFp8VsCpu, ::testing::ValuesIn(fp8_cases()),
   return name + "_T" + std::to_string(info.param.tokens) + "_ep" + std::to_string(info.param.ranks) +
          (info.param.static_scales ? "_static" : "");
 });
+
+// The shared experts on a tile list of their own (their launch fills the GPU by itself:
+// 512 tokens, a wide shared intermediate), beside routed experts on the decode tile whose
+// GEMM2 splits K: the combine adds routed partial sums and whole shared rows.
+TEST(GpuMoe, SharedExpertsOnTheirOwnTileListBesideSplitKRoutedTiles) {
+  for (QuantScheme scheme : {QuantScheme::kBf16, QuantScheme::kFp8Block}) {
+    RandomCaseOptions options = preset_options(*find_preset("deepseek-v3"), 512, false, 8, 0);
+    options.spec.quant.scheme = scheme;
+    options.intermediate = 1024;
+    options.shared_intermediate = 8704;
+    const MoeCase host = host_case(options);
+    const cuda::TilePlan plan = cuda::plan_tiles(512, 8, 256, 32, options.shared_intermediate, options.hidden,
+                                                 options.intermediate);
+    ASSERT_EQ(plan.tile_rows, 16) << "the case no longer covers what it names";
+    ASSERT_EQ(plan.shared_tile_rows, 128);
+    ASSERT_GT(plan.k_splits, 1);
+    expect_gpu_matches_cpu(host, std::string(quant_scheme_name(scheme)) + " seed " + std::to_string(options.seed),
+                           is_fp8(scheme) ? 3e-2 : 1e-2);
+  }
+}
 
 TEST(GpuMoe, Fp8BlockAtFullHiddenSize) {
   for (const char* name : {"deepseek-v3", "qwen3-235b-a22b"}) {

@@ -24,10 +24,11 @@ struct alignas(16) Bf16x8 {
 };
 
 // acc += weight * (8 values of a pair's output row starting at column h).
+// `whole`: the row is bf16 even when GEMM2 split K (the shared experts' own tile list).
 __device__ void accumulate(float (&acc)[kVector], const PairOutputs& out, int64_t slot, int64_t hidden, int64_t h,
-                           float weight) {
+                           float weight, bool whole = false) {
   float values[kVector];
-  if (out.k_splits == 1) {
+  if (out.k_splits == 1 || whole) {
     const uint4 bits = __ldg(reinterpret_cast<const uint4*>(out.rows + slot * hidden + h));
     const Bf16x8 row = *reinterpret_cast<const Bf16x8*>(&bits);
 #pragma unroll
@@ -72,7 +73,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(PairOutputs pair_out,
 #pragma unroll 8
   for (int j = 0; j < top_k; ++j)
     if (slots[j] >= 0) accumulate(acc, pair_out, slots[j], hidden, h, weights[j]);
-  if (shared_group >= 0) accumulate(acc, pair_out, group_offsets[shared_group] + t, hidden, h, 1.0f);
+  if (shared_group >= 0)
+    accumulate(acc, pair_out, group_offsets[shared_group] + t, hidden, h, 1.0f, pair_out.shared_rows_whole);
   Bf16x8 result;
 #pragma unroll
   for (int i = 0; i < 4; ++i) result.pairs[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);

@@ -465,11 +465,36 @@ int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, std::min<int64_t>(most, kMaxKSplits)));
 }
 
-int choose_tile_rows(int64_t slots, int64_t groups) {
-  const int64_t rows_per_group = groups > 0 ? slots / groups : slots;
+int choose_tile_rows(int64_t rows_per_group) {
   if (rows_per_group <= DecodeConfig::kRows) return DecodeConfig::kRows;
   if (rows_per_group <= 2 * MediumConfig::kRows) return MediumConfig::kRows;
   return kSpecializedRows;
+}
+
+TilePlan plan_tiles(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t local_experts,
+                    int64_t shared_intermediate, int64_t hidden, int64_t intermediate) {
+  TilePlan plan;
+  const int64_t pairs = tokens * top_k;
+  const bool shared = shared_intermediate > 0;
+  // Routing spreads the T k pairs over all E experts: a local expert expects T k / E rows
+  // (any number up to T k may come; the capacity below allows for all of them).
+  plan.tile_rows = choose_tile_rows((pairs + num_experts - 1) / std::max<int64_t>(num_experts, 1));
+  // The shared experts take all T rows: a taller tile of their own pays for a launch of
+  // their own (which waits for the routed one) only when that launch fills the GPU twice
+  // over by itself (GEMM1 CTAs, about 128 columns each); else they share the routed tiles.
+  const int shared_rows = shared ? choose_tile_rows(tokens) : plan.tile_rows;
+  const int64_t shared_ctas = (tokens + shared_rows - 1) / shared_rows * ((shared_intermediate + 127) / 128);
+  const bool shared_in_main = shared && (shared_rows == plan.tile_rows || shared_ctas < 2 * multiprocessor_count());
+  plan.max_tiles = max_row_tiles(pairs, local_experts, plan.tile_rows) +
+                   (shared_in_main ? (tokens + plan.tile_rows - 1) / plan.tile_rows : 0);
+  if (shared && !shared_in_main) {
+    plan.shared_tile_rows = shared_rows;
+    plan.shared_tiles = (tokens + shared_rows - 1) / shared_rows;
+  }
+  const int64_t main_groups = local_experts + (shared_in_main ? 1 : 0);
+  plan.k_splits = choose_k_splits(plan.tile_rows, std::min(pairs + (shared_in_main ? tokens : 0), main_groups),
+                                  hidden, intermediate);
+  return plan;
 }
 
 cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,

@@ -31,19 +31,35 @@ struct PairLayout {
   int32_t* group_offsets;  // [groups + 1] first slot of each group
   int32_t* slot_of_pair;   // [T * k] slot, or -1 for pairs of non-local experts
   int32_t* slot_token;     // [slots] token of each slot
-  int32_t* tile_group;     // [max_tiles] group of each row tile of the GEMMs
-  int32_t* tile_row;       // [max_tiles] first slot of each row tile
-  int32_t* tile_count;     // [1] number of tiles
+  int32_t* tile_group;     // [max_tiles + shared_tiles] group of each row tile of the GEMMs
+  int32_t* tile_row;       // [max_tiles + shared_tiles] first slot of each row tile
+  int32_t* tile_count;     // [2] tiles of the main list, and of the shared group's own list
   // Arrival counters of GEMM1's fused quantisation (EpilogueQuantize), zeroed by sort_pairs.
   int32_t* arrivals = nullptr;
   int64_t arrival_count = 0;
 };
 // Upper bound on row tiles of height `tile_rows` over `slots` slots in `groups` groups.
 int64_t max_row_tiles(int64_t slots, int64_t groups, int tile_rows);
+// How the GEMMs cut the groups into row tiles (grouped_gemm.cu's heuristic, plan_tiles).
+// The routed experts' tile height follows the rows an expert is expected to get (T k / E);
+// the shared experts get all T rows, so they may take a taller tile (when T is large enough
+// for them to fill the GPU alone): then their tiles form a list of their own (tile_group /
+// tile_row from max_tiles on, count in tile_count[1]) that the GEMMs launch apart, without
+// split K.
+struct TilePlan {
+  int tile_rows = 16;         // the main list: routed groups (and the shared one, unless apart)
+  int64_t max_tiles = 1;      // capacity of the main list
+  int shared_tile_rows = 0;   // > 0: the shared group's own list, of this height
+  int64_t shared_tiles = 0;   // its tiles (exactly ceil(T / shared_tile_rows))
+  int k_splits = 1;           // GEMM2's split K on the main list
+};
+TilePlan plan_tiles(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t local_experts,
+                    int64_t shared_intermediate, int64_t hidden, int64_t intermediate);
+// The view of `layout` that holds only the shared group's own tile list.
+PairLayout shared_tile_list(const PairLayout& layout, const TilePlan& plan, int64_t arrival_scopes);
 cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map, int64_t tokens, int top_k,
-                       int num_experts, int local_experts, bool shared_group, int tile_rows,
-                       int64_t max_tiles, const PairLayout& layout, cudaStream_t stream,
-                       Start start = Start::kEarly);
+                       int num_experts, int local_experts, bool shared_group, const TilePlan& plan,
+                       const PairLayout& layout, cudaStream_t stream, Start start = Start::kEarly);
 
 // grouped_gemm.cu. One grouped GEMM over the tiles of PairLayout: for each row tile of
 // group g and each column tile, C[slot, n] = sum_k A[row(slot), k] * B_g[n, k], bf16 or e4m3
@@ -103,8 +119,8 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
 // B), which launch_grouped_gemm takes for tile_rows = 128; no split K.
 cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
                                     Activation activation, cudaStream_t stream);
-// The tile height launch_grouped_gemm works best with for this many slots per group.
-int choose_tile_rows(int64_t slots, int64_t groups);
+// The tile height launch_grouped_gemm works best with for groups of this many rows.
+int choose_tile_rows(int64_t rows_per_group);
 // How many ways to split K so that a small grid (decode: few experts, few tiles) still
 // gives every SM two CTAs of weights to stream; 1 unless the decode tile is in use.
 inline constexpr int kMaxKSplits = 8;
@@ -119,6 +135,7 @@ struct PairOutputs {
   const float* partials;  // [k_splits, slots, H] when k_splits > 1
   int k_splits = 1;
   int64_t partial_stride = 0;
+  bool shared_rows_whole = false;  // the shared group's rows are bf16 rows even when k_splits > 1
 };
 cudaError_t launch_combine(const PairOutputs& pair_out, const int32_t* slot_of_pair, const float* topk_weights,
                            const int32_t* group_offsets, int shared_group, bool unit_weights, int64_t tokens,

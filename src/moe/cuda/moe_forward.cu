@@ -58,10 +58,8 @@ struct WorkspaceLayout {
   uint32_t* amax_bits;           // [groups] dynamic per-tensor amax
   int64_t arrival_scopes = 0;    // GEMM1's fused quantisation: groups of 128 columns per row tile
   bool separate_shared_input = false;  // fp8, shared experts and routed rows x * router weight
-  int tile_rows = 0;
-  int64_t max_tiles = 0;
+  cuda::TilePlan tiles;
   int64_t slots = 0;
-  int k_splits = 1;
   size_t bytes = 0;
 
   WorkspaceLayout(const MoeSpec& spec, const MoeShape& s, void* base) {
@@ -71,9 +69,9 @@ struct WorkspaceLayout {
     const int64_t groups = s.num_local_experts + (shared ? 1 : 0);
     const int64_t widest = std::max(s.intermediate, s.shared_intermediate);
     slots = pairs_count + (shared ? s.tokens : 0);
-    tile_rows = cuda::choose_tile_rows(slots, groups);
-    max_tiles = cuda::max_row_tiles(slots, groups, tile_rows);
-    k_splits = cuda::choose_k_splits(tile_rows, std::min(slots, groups), s.hidden, s.intermediate);
+    tiles = cuda::plan_tiles(s.tokens, s.top_k, s.num_experts, s.num_local_experts, s.shared_intermediate, s.hidden,
+                             s.intermediate);
+    const int64_t all_tiles = tiles.max_tiles + tiles.shared_tiles;
     auto* cursor = static_cast<std::byte*>(base);
     auto take = [&](auto*& pointer, int64_t count) {
       using T = std::remove_reference_t<decltype(*pointer)>;
@@ -86,13 +84,13 @@ struct WorkspaceLayout {
     take(pairs.group_offsets, groups + 1);
     take(pairs.slot_of_pair, pairs_count);
     take(pairs.slot_token, slots);
-    take(pairs.tile_group, max_tiles);
-    take(pairs.tile_row, max_tiles);
-    take(pairs.tile_count, 1);
+    take(pairs.tile_group, all_tiles);
+    take(pairs.tile_row, all_tiles);
+    take(pairs.tile_count, 2);
     take(x_scaled, s.tokens * s.hidden);
     take(intermediate, slots * widest);
     take(pair_out, slots * s.hidden);
-    take(pair_out_partials, k_splits > 1 ? k_splits * slots * s.hidden : 0);
+    take(pair_out_partials, tiles.k_splits > 1 ? tiles.k_splits * slots * s.hidden : 0);
     separate_shared_input = fp8 && shared && spec.apply_router_weight_on_input;
     take(x_codes, fp8 ? s.tokens * s.hidden : 0);
     take(x_scales, fp8 ? activation_scale_count(spec.quant, s.tokens, s.hidden, 1) : 0);
@@ -102,7 +100,7 @@ struct WorkspaceLayout {
     take(intermediate_scales, fp8 ? activation_scale_count(spec.quant, slots, widest, groups) : 0);
     take(amax_bits, fp8 ? groups : 0);
     arrival_scopes = spec.quant.scheme == QuantScheme::kFp8Block ? (widest + spec.quant.block_k - 1) / spec.quant.block_k : 0;
-    pairs.arrival_count = max_tiles * arrival_scopes;
+    pairs.arrival_count = all_tiles * arrival_scopes;
     take(pairs.arrivals, pairs.arrival_count);
   }
 };
@@ -207,6 +205,20 @@ cuda::ScaleGrid weight_grid(const QuantSpec& quant, const std::optional<Tensor>&
   return grid;
 }
 
+// One grouped GEMM over the plan's tile lists: the main list, then the shared experts' own
+// list when they have one (their own tile height, no split K).
+cudaError_t launch_tile_lists(cuda::GemmGroups gemm, const WorkspaceLayout& layout, bool gated, Activation activation,
+                              cudaStream_t stream) {
+  const cuda::TilePlan& plan = layout.tiles;
+  const cudaError_t error =
+      cuda::launch_grouped_gemm(gemm, layout.pairs, plan.max_tiles, gated, activation, plan.tile_rows, stream);
+  if (error != cudaSuccess || plan.shared_tiles == 0) return error;
+  gemm.k_splits = 1;
+  gemm.c_partial = nullptr;
+  return cuda::launch_grouped_gemm(gemm, cuda::shared_tile_list(layout.pairs, plan, layout.arrival_scopes),
+                                   plan.shared_tiles, gated, activation, plan.shared_tile_rows, stream);
+}
+
 }  // namespace
 
 size_t moe_workspace_bytes(const MoeSpec& spec, const MoeShape& shape) {
@@ -249,7 +261,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   const int32_t* expert_map = inputs.expert_map ? inputs.expert_map->data_as<int32_t>() : nullptr;
   CUDA_CHECK(cuda::launch_sort_pairs(topk_ids, expert_map, s.tokens, static_cast<int>(s.top_k),
                                      static_cast<int>(s.num_experts), static_cast<int>(s.num_local_experts), shared,
-                                     layout.tile_rows, layout.max_tiles, layout.pairs, stream,
+                                     layout.tiles, layout.pairs, stream,
                                      inputs.router_logits ? cuda::Start::kEarly : cuda::Start::kAfterPredecessor));
   const uint16_t* x = inputs.x.data_as<uint16_t>();
   const uint16_t* routed_input = x;
@@ -310,8 +322,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
       q.scopes_per_tile = layout.arrival_scopes;
     }
   }
-  CUDA_CHECK(cuda::launch_grouped_gemm(gemm1, layout.pairs, layout.max_tiles, /*gated=*/true, spec.activation,
-                                       layout.tile_rows, stream));
+  CUDA_CHECK(launch_tile_lists(gemm1, layout, /*gated=*/true, spec.activation, stream));
 
   cuda::GemmGroups gemm2{};
   gemm2.a_routed = layout.intermediate;
@@ -326,8 +337,8 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm2.local_experts = static_cast<int>(s.num_local_experts);
   gemm2.c = layout.pair_out;
   gemm2.c_stride = s.hidden;
-  if (layout.k_splits > 1) {
-    gemm2.k_splits = layout.k_splits;
+  if (layout.tiles.k_splits > 1) {
+    gemm2.k_splits = layout.tiles.k_splits;
     gemm2.c_partial = layout.pair_out_partials;
     gemm2.partial_stride = layout.slots * s.hidden;
   }
@@ -354,11 +365,10 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
     if (shared)
       gemm2.b_shared_scale = weight_grid(spec.quant, weights.shared_w2_scale, gemm2.n_shared, gemm2.k_shared, false);
   }
-  CUDA_CHECK(cuda::launch_grouped_gemm(gemm2, layout.pairs, layout.max_tiles, /*gated=*/false, spec.activation,
-                                       layout.tile_rows, stream));
+  CUDA_CHECK(launch_tile_lists(gemm2, layout, /*gated=*/false, spec.activation, stream));
 
-  const cuda::PairOutputs pair_out{layout.pair_out, layout.pair_out_partials, layout.k_splits,
-                                   layout.slots * s.hidden};
+  const cuda::PairOutputs pair_out{layout.pair_out, layout.pair_out_partials, layout.tiles.k_splits,
+                                   layout.slots * s.hidden, layout.tiles.shared_tiles > 0};
   CUDA_CHECK(cuda::launch_combine(pair_out, layout.pairs.slot_of_pair, topk_weights, layout.pairs.group_offsets,
                                   shared ? static_cast<int>(s.num_local_experts) : -1,
                                   spec.apply_router_weight_on_input, s.tokens, static_cast<int>(s.top_k), s.hidden,

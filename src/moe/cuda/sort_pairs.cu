@@ -2,7 +2,8 @@
 // expert, plus the row-tile schedule of the GEMMs. One block does all of it:
 //   1. count: each pair's group (ids outside [0, E) and experts mapped to -1 get none),
 //      counted with shared-memory atomics;
-//   2. scan: group offsets, and each group's ceil(count / tile_rows) row tiles;
+//   2. scan: group offsets, and each group's ceil(count / tile_rows) row tiles (TilePlan:
+//      the shared group's in a list of its own when its tiles are taller);
 //   3. place: each pair takes the next slot of its group (a shared-memory cursor);
 // and it zeroes the arrival counters of GEMM1's fused quantisation.
 // The order of slots inside a group depends on the atomics, but nothing downstream depends
@@ -29,11 +30,12 @@ __device__ int local_group(int32_t id, const int32_t* expert_map, int num_expert
 
 __global__ void __launch_bounds__(kThreads)
     sort_pairs_kernel(const int32_t* topk_ids, const int32_t* expert_map, int64_t pairs, int top_k, int num_experts,
-                      int64_t tokens, int groups, int shared_group, int tile_rows, int64_t max_tiles,
-                      PairLayout layout) {
-  extern __shared__ int32_t counters[];  // [groups] counts, then cursors; [groups + 1] tile offsets
+                      int64_t tokens, int groups, int shared_group, TilePlan plan, PairLayout layout) {
+  extern __shared__ int32_t counters[];  // [groups] counts, then cursors; [groups] first tiles, [groups] ends
   int32_t* cursor = counters;
-  int32_t* tile_offset = counters + groups;
+  int32_t* tile_first = counters + groups;
+  int32_t* tile_end = tile_first + groups;
+  const bool shared_apart = shared_group >= 0 && plan.shared_tile_rows > 0;
   allow_successor();
   for (int g = threadIdx.x; g < groups; g += kThreads) cursor[g] = 0;
   __syncthreads();
@@ -50,22 +52,28 @@ __global__ void __launch_bounds__(kThreads)
     int32_t slot = 0, tile = 0;
     for (int g = 0; g < groups; ++g) {
       const int32_t count = cursor[g];
+      const bool apart = shared_apart && g == shared_group;
+      const int rows = apart ? plan.shared_tile_rows : plan.tile_rows;
+      const int32_t first = apart ? static_cast<int32_t>(plan.max_tiles) : tile;
+      const int32_t capacity = apart ? static_cast<int32_t>(plan.max_tiles + plan.shared_tiles)
+                                     : static_cast<int32_t>(plan.max_tiles);
       layout.group_counts[g] = count;
       layout.group_offsets[g] = slot;
-      tile_offset[g] = tile;
+      tile_first[g] = first;
+      tile_end[g] = min(first + (count + rows - 1) / rows, capacity);  // the plan's bounds make min a no-op
+      if (!apart) tile = tile_end[g];
       cursor[g] = slot;  // from here on: the next free slot of group g
       slot += count;
-      tile += (count + tile_rows - 1) / tile_rows;
     }
     layout.group_offsets[groups] = slot;
-    tile_offset[groups] = tile;
-    *layout.tile_count = tile;
+    layout.tile_count[0] = tile;
+    layout.tile_count[1] = shared_apart ? tile_end[shared_group] - tile_first[shared_group] : 0;
   }
   __syncthreads();
   for (int g = threadIdx.x; g < groups; g += kThreads) {
     const int32_t first_slot = cursor[g];
-    for (int32_t tile = tile_offset[g], row = 0; tile < tile_offset[g + 1] && tile < max_tiles;
-         ++tile, row += tile_rows) {
+    const int rows = shared_apart && g == shared_group ? plan.shared_tile_rows : plan.tile_rows;
+    for (int32_t tile = tile_first[g], row = 0; tile < tile_end[g]; ++tile, row += rows) {
       layout.tile_group[tile] = g;
       layout.tile_row[tile] = first_slot + row;
     }
@@ -91,16 +99,25 @@ int64_t max_row_tiles(int64_t slots, int64_t groups, int tile_rows) {
   return std::max<int64_t>(1, std::min(slots, slots / tile_rows + groups));
 }
 
+PairLayout shared_tile_list(const PairLayout& layout, const TilePlan& plan, int64_t arrival_scopes) {
+  PairLayout view = layout;
+  view.tile_group += plan.max_tiles;
+  view.tile_row += plan.max_tiles;
+  view.tile_count += 1;
+  if (view.arrivals) view.arrivals += plan.max_tiles * arrival_scopes;
+  return view;
+}
+
 cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map, int64_t tokens, int top_k,
-                              int num_experts, int local_experts, bool shared_group, int tile_rows, int64_t max_tiles,
+                              int num_experts, int local_experts, bool shared_group, const TilePlan& plan,
                               const PairLayout& layout, cudaStream_t stream, Start start) {
   static const cudaError_t carveout = prefer_max_shared_memory(reinterpret_cast<const void*>(sort_pairs_kernel));
   if (carveout != cudaSuccess) return carveout;
   const int groups = local_experts + (shared_group ? 1 : 0);
-  const size_t shared_bytes = (2 * groups + 1) * sizeof(int32_t);
+  const size_t shared_bytes = 3 * static_cast<size_t>(groups) * sizeof(int32_t);
   return launch_kernel(start, sort_pairs_kernel, dim3(1), dim3(kThreads), shared_bytes, stream, topk_ids, expert_map,
-                        tokens * top_k, top_k, num_experts, tokens, groups, shared_group ? local_experts : -1, tile_rows,
-                        max_tiles, layout);
+                        tokens * top_k, top_k, num_experts, tokens, groups, shared_group ? local_experts : -1, plan,
+                        layout);
 }
 
 }  // namespace epmoe::cuda
