@@ -102,21 +102,22 @@ TEST(TileSchedule, PlanHoldsEveryTileForAnySpreadOfPairs) {
 
 TEST(TileSchedule, RoutedTilesFollowExpectedRowsAndSharedExpertsGoApartOnlyWhenTheyFillTheGpu) {
   // deepseek-v3 at ep=8 (32 of 256 experts local, one shared expert of I_s = 2048).
-  const cuda::TilePlan decode = cuda::plan_tiles(64, 8, 256, 32, 2048, 7168, 2048);
-  EXPECT_EQ(decode.tile_rows, 16) << "2 rows an expert expected, not the 17 of the upper bound";
-  EXPECT_EQ(decode.shared_tiles, 0) << "64 shared rows alone would leave most SMs idle";
-  const cuda::TilePlan mid = cuda::plan_tiles(1024, 8, 256, 32, 2048, 7168, 2048);
-  EXPECT_EQ(mid.tile_rows, 64);
-  EXPECT_EQ(mid.shared_tiles, 0);
+  EXPECT_EQ(cuda::plan_tiles(16, 8, 256, 32, 2048, 7168, 2048).tile_rows, 16);
+  const cuda::TilePlan mid = cuda::plan_tiles(256, 8, 256, 32, 2048, 7168, 2048);
+  EXPECT_EQ(mid.tile_rows, 64) << "8 routed rows an expert, but 256 shared rows in the same list";
+  EXPECT_EQ(mid.shared_tiles, 0) << "256 shared rows alone would leave most SMs idle";
   const cuda::TilePlan large = cuda::plan_tiles(16384, 8, 256, 32, 2048, 7168, 2048);
   EXPECT_EQ(large.tile_rows, 128);
   EXPECT_EQ(large.shared_tiles, 0) << "same height: one list";
-  // Llama-4 Scout (16 experts, k = 1, shared I_s = 8192) at 2048 tokens: 128 routed rows
-  // an expert, 2048 shared rows on 16 x 64 CTAs of their own.
-  const cuda::TilePlan scout = cuda::plan_tiles(2048, 1, 16, 16, 8192, 5120, 8192);
+  // Without shared experts only the routed rows count: qwen3-235b-a22b (128 experts, k = 8)
+  // at ep=8, 64 tokens: 4 rows an expert, not the 64 x 8 / 16 of the upper bound.
+  EXPECT_EQ(cuda::plan_tiles(64, 8, 128, 16, 0, 4096, 1536).tile_rows, 16);
+  // Llama-4 Scout (16 experts, k = 1, shared I_s = 8192) at 1024 tokens: 64 routed rows an
+  // expert on the medium tile; the 1024 shared rows on 8 x 64 CTAs of their own.
+  const cuda::TilePlan scout = cuda::plan_tiles(1024, 1, 16, 16, 8192, 5120, 8192);
   EXPECT_EQ(scout.tile_rows, 64);
   EXPECT_EQ(scout.shared_tile_rows, 128);
-  EXPECT_EQ(scout.shared_tiles, 16);
+  EXPECT_EQ(scout.shared_tiles, 8);
 }
 
 TEST(TileSchedule, KSplitsOnlyForTheDecodeTileAndNeverBelowFourKTiles) {

@@ -140,7 +140,6 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   q.granularity = c.granularity;
   q.group = 128;
   q.static_scale = per_group ? nullptr : intermediate_scale;
-  q.arrivals = layout.arrivals;
   q.scopes_per_tile = scopes;
   ASSERT_EQ(cuda::launch_grouped_gemm(gemm, layout, max_tiles, /*gated=*/true, Activation::kSilu, tile_rows, nullptr),
             cudaSuccess);

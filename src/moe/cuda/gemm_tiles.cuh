@@ -122,24 +122,26 @@ __device__ inline int32_t scale_index(const ScaleGrid& grid, int64_t n, int grou
 // consumer warpgroups of a warp-specialised kernel), on named barrier 1.
 __device__ inline void sync_epilogue(int threads) { asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory"); }
 
-// GEMM1's fused quantisation (EpilogueQuantize): called by the `threads` epilogue threads of
+// GEMM1's fused quantisation (EpilogueQuantize, arrival counters `arrivals` of the tile list
+// the GEMM runs): called by the `threads` epilogue threads of
 // a CTA (`thread` = this one's index among them) once their bf16 outputs (rows [first_slot,
 // + rows), columns [first_col, + tile_cols) of c) are written. The last CTA of the scope to
 // arrive quantises the scope: a group of 128 columns, or its own tile under a static scale,
 // so at most 128 values per row, held in registers; each warp loads kBatch rows at once
 // (the loads of this tail are exposed at decode sizes).
-__device__ inline void quantize_output(const EpilogueQuantize& q, const uint16_t* c, int64_t c_stride, int tile,
+__device__ inline void quantize_output(const EpilogueQuantize& q, int32_t* arrivals, const uint16_t* c,
+                                       int64_t c_stride, int tile,
                                        int32_t first_slot, int rows, int64_t first_col, int tile_cols,
                                        int64_t out_cols, int thread, int threads) {
   const bool per_group = q.granularity == Fp8Granularity::kPerGroup;
   const int64_t begin = per_group ? first_col / q.group * q.group : first_col;
   const int64_t width = min(per_group ? q.group : tile_cols, out_cols - begin);
-  const int arrivals = static_cast<int>((width + tile_cols - 1) / tile_cols);  // CTAs writing the scope
+  const int writers = static_cast<int>((width + tile_cols - 1) / tile_cols);  // CTAs writing the scope
   __shared__ bool last;
   __threadfence();  // this CTA's outputs are visible to every SM before its arrival is
   sync_epilogue(threads);
   if (thread == 0)
-    last = arrivals == 1 || atomicAdd(q.arrivals + tile * q.scopes_per_tile + begin / q.group, 1) == arrivals - 1;
+    last = writers == 1 || atomicAdd(arrivals + tile * q.scopes_per_tile + begin / q.group, 1) == writers - 1;
   sync_epilogue(threads);
   if (!last) return;
   __threadfence();

@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   if constexpr (kGated && kFp8) {
     static_assert(128 % (Tile::kCols / 2) == 0, "a group of 128 columns (GPU fp8_block) spans whole column tiles");
     if (groups.quantize.codes)
-      quantize_output(groups.quantize, groups.c, groups.c_stride, tile, first_slot,
+      quantize_output(groups.quantize, layout.arrivals, groups.c, groups.c_stride, tile, first_slot,
                       min(Tile::kRows, group_end - first_slot), first_col, Tile::kCols / 2, out_cols, thread,
                       Tile::kConsumerThreads);
   }

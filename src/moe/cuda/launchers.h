@@ -78,7 +78,8 @@ enum class Fp8Granularity { kPerGroup, kPerRow, kPerTensor };
 // scales launch_quantize_fp8 would write, for scales per group of 128 columns (fp8_block) or
 // a static per-tensor scale. A group spans several column tiles: each CTA counts its arrival
 // once its outputs are written, and the last to arrive quantises the group (reading it back
-// from L2); under a static scale each CTA quantises its own tile. Scales per row (dynamic
+// from L2; the counters are PairLayout's arrivals, [tiles, scopes_per_tile]); under a
+// static scale each CTA quantises its own tile. Scales per row (dynamic
 // per token) or per expert (dynamic per tensor) span every column tile of a row, which
 // would leave one CTA a long serial tail: they keep the separate pass.
 struct EpilogueQuantize {
@@ -87,8 +88,7 @@ struct EpilogueQuantize {
   Fp8Granularity granularity = Fp8Granularity::kPerGroup;  // kPerGroup or kPerTensor
   int64_t group = 128;                  // kPerGroup: columns per scale
   const float* static_scale = nullptr;  // kPerTensor
-  int32_t* arrivals = nullptr;          // kPerGroup: [tiles, scopes_per_tile], zero at launch
-  int64_t scopes_per_tile = 0;
+  int64_t scopes_per_tile = 0;          // kPerGroup: counters per row tile in PairLayout's arrivals
 };
 struct GemmGroups {
   const void* a_routed;      // A of the local experts' groups [*, K]

@@ -318,7 +318,6 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
       q.granularity = activation_granularity(spec.quant.scheme);
       q.group = spec.quant.block_k;
       q.static_scale = intermediate_static_scale;
-      q.arrivals = layout.pairs.arrivals;
       q.scopes_per_tile = layout.arrival_scopes;
     }
   }
