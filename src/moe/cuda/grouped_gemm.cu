@@ -444,8 +444,6 @@ cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, in
   return launch_chained(kernel, grid, dim3(Cfg::kThreads), Cfg::kSharedBytes, stream, groups, layout, activation);
 }
 
-}  // namespace
-
 int multiprocessor_count() {
   static const int count = [] {
     int device = 0, value = 0;
@@ -456,6 +454,8 @@ int multiprocessor_count() {
   }();
   return count;
 }
+
+}  // namespace
 
 int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_t k) {
   if (tile_rows != DecodeConfig::kRows) return 1;  // larger tiles fill the GPU on their own

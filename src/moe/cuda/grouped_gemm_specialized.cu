@@ -1,12 +1,10 @@
 // The grouped GEMM's 128-row tile, for the sizes where the tensor cores are the bound
 // (hundreds of rows per expert and more): warp-specialised, after DeepGEMM's layout.
 //
-// Work: persistent CTAs (one per SM) walk the work items (row tile of PairLayout, column
-// tile), column tiles fastest, so the items running at once share a few row tiles and each
-// A row tile is read from HBM about once (rows fastest re-read all of A once per column
-// tile: 3.7 GB for GEMM1 of deepseek-v3 at 16k tokens). The producer runs ahead into the
-// next item while the consumers write the last one out, so neither the ring's fill nor the
-// epilogue stalls the tensor cores for long. The operands are grouped_gemm.cu's:
+// Work: a CTA per (row tile of PairLayout, column tile), column tiles fastest: the CTAs
+// running at once share a few row tiles, so each A row tile is read from HBM about once
+// (rows fastest re-read all of A once per column tile: 3.7 GB for GEMM1 of deepseek-v3 at
+// 16k tokens). Row tiles past tile_count exit at once. The operands are grouped_gemm.cu's:
 // A rows [*, K] gathered per slot (K-major), B_g = [N, K] K-major, f32 accumulation, the
 // gated activation and GEMM1's fp8 quantisation fused into the epilogue.
 // Threads: three warpgroups. The producer (warpgroup 0, few registers) fills a ring of
@@ -24,7 +22,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <algorithm>
+#include <limits>
 
 #include "gemm_tiles.cuh"
 #include "launch.cuh"
@@ -41,11 +39,9 @@ struct SpecializedTile {
   static constexpr int kStages = kFp8 ? 6 : 4;
   static constexpr int kProducerThreads = 128, kConsumerThreads = 256;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
-  // setmaxnreg: the producer gives registers to the consumers, within what the launch bounds
-  // allot the CTA (384 x 168; more would leave setmaxnreg.inc waiting for ever). 64 keep
-  // the fp8_block producer free of spills (56 spilled).
-  static constexpr int kProducerRegisters = 64, kConsumerRegisters = 216;
-  static_assert(kProducerThreads * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= kThreads * 168);
+  // setmaxnreg: the producer gives registers to the consumers (their sum is what the
+  // launch bounds allot: 384 threads x 168).
+  static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
   static constexpr int kATileBytes = kRows * kRowBytes;
   static constexpr int kBTileBytes = kCols * kRowBytes;
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
@@ -118,15 +114,6 @@ __device__ inline void copy_scale_async(float* destination, const float* source)
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(destination)), "l"(source));
 }
 
-// One work item of the persistent walk: a (row tile, column tile) pair and what it reads.
-struct WorkItem {
-  int tile, group;
-  int32_t first_slot, group_end;
-  bool shared;
-  int64_t k, out_cols, first_col;
-  int k_tiles;
-};
-
 template <bool kFp8, bool kGated, Scales kScales>
 __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
     specialized_gemm_kernel(const __grid_constant__ CUtensorMap b_routed_map,
@@ -140,6 +127,33 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
   auto& control = *reinterpret_cast<StageControl<kStages>*>(ring + kStages * Tile::kStageBytes);
   allow_successor();
+  wait_for_predecessor();
+  const int64_t cols_per_tile = kGated ? Tile::kCols / 2 : Tile::kCols;
+  const int64_t column_tiles = (column_extent(groups, kGated) + cols_per_tile - 1) / cols_per_tile;
+  const int tile = static_cast<int>(blockIdx.x / column_tiles);
+  if (tile >= *layout.tile_count) return;
+  const int group = layout.tile_group[tile];
+  const int32_t first_slot = layout.tile_row[tile];
+  const int32_t group_end = layout.group_offsets[group + 1];
+  const bool shared = group == groups.local_experts;
+  const int64_t N = shared ? groups.n_shared : groups.n;
+  const int64_t K = shared ? groups.k_shared : groups.k;
+  const int64_t out_cols = kGated ? N / 2 : N;
+  const int64_t first_col = static_cast<int64_t>(blockIdx.x % column_tiles) * cols_per_tile;
+  if (first_col >= out_cols) return;
+  const auto* A = static_cast<const uint8_t*>(shared ? groups.a_shared : groups.a_routed);
+  const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
+  const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
+  const int k_tiles = static_cast<int>((K + Op::kDepth - 1) / Op::kDepth);
+  // The A row behind tile row `row`, or -1 past the group.
+  auto a_row = [&](int row) -> int64_t {
+    const int32_t slot = first_slot + row;
+    if (slot >= group_end) return -1;
+    return groups.a_row_of_slot ? groups.a_row_of_slot[slot] : slot;
+  };
+  // The first weight row of the tile's gate half (or of the tile), and of its up half.
+  const int64_t b_rows[2] = {first_col, kGated ? out_cols + first_col : first_col};
+
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&control.full[s], Tile::kProducerThreads + 1);  // + the arrival that sets the B bytes
@@ -148,94 +162,52 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
   }
   __syncthreads();
-  wait_for_predecessor();
-  const int64_t cols_per_tile = kGated ? Tile::kCols / 2 : Tile::kCols;
-  const int64_t column_tiles = (column_extent(groups, kGated) + cols_per_tile - 1) / cols_per_tile;
-  const int64_t work_items = *layout.tile_count * column_tiles;
-  // Work item `work` (row tile work / column_tiles, column tile work % column_tiles); false
-  // for a column tile past this group's matrix (the shared experts' may be narrower).
-  auto describe = [&](int64_t work, WorkItem& item) {
-    item.tile = static_cast<int>(work / column_tiles);
-    item.group = layout.tile_group[item.tile];
-    item.first_slot = layout.tile_row[item.tile];
-    item.group_end = layout.group_offsets[item.group + 1];
-    item.shared = item.group == groups.local_experts;
-    const int64_t n = item.shared ? groups.n_shared : groups.n;
-    item.k = item.shared ? groups.k_shared : groups.k;
-    item.out_cols = kGated ? n / 2 : n;
-    item.first_col = work % column_tiles * cols_per_tile;
-    item.k_tiles = static_cast<int>((item.k + Op::kDepth - 1) / Op::kDepth);
-    return item.first_col < item.out_cols;
-  };
-  // The A row behind tile row `row` of `item`, or -1 past the group.
-  auto a_row = [&](const WorkItem& item, int row) -> int64_t {
-    const int32_t slot = item.first_slot + row;
-    if (slot >= item.group_end) return -1;
-    return groups.a_row_of_slot ? groups.a_row_of_slot[slot] : slot;
-  };
-  // The first weight row of the tile's gate half (or of the tile), or of its up half.
-  auto b_row = [&](const WorkItem& item, int half) {
-    return kGated && half == 1 ? item.out_cols + item.first_col : item.first_col;
-  };
 
-  // Both roles walk the same work items and K tiles in the same order; `step` counts the
-  // K tiles this CTA has passed through the ring, which gives each its stage and phase.
   if (threadIdx.x < Tile::kProducerThreads) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tile::kProducerRegisters));
     const int thread = threadIdx.x, chunk = thread % kChunksPerRow;
-    int step = 0;
-    for (int64_t work = blockIdx.x; work < work_items; work += gridDim.x) {
-      WorkItem item;
-      if (!describe(work, item)) continue;
-      const auto* A = static_cast<const uint8_t*>(item.shared ? groups.a_shared : groups.a_routed);
-      const ScaleGrid& a_scales = item.shared ? groups.a_shared_scale : groups.a_routed_scale;
-      const ScaleGrid& b_scales = item.shared ? groups.b_shared_scale : groups.b_routed_scale;
-      // This thread's A chunks: column chunk `chunk` of rows thread / 8 + 16 i.
-      const uint8_t* a_source[Tile::kAChunks];
+    // This thread's A chunks: column chunk `chunk` of rows thread / 8 + 16 i.
+    const uint8_t* a_source[Tile::kAChunks];
+#pragma unroll
+    for (int i = 0; i < Tile::kAChunks; ++i) {
+      const int64_t row = a_row(thread / kChunksPerRow + i * (Tile::kProducerThreads / kChunksPerRow));
+      a_source[i] = row >= 0 ? A + row * groups.a_stride * Op::kBytes + chunk * 16 : nullptr;
+    }
+    // fp8_block: the scale of tile row `thread` (any row of the group past its end).
+    const float* a_scale_source = nullptr;
+    if constexpr (kPerKTile) a_scale_source = a_scales.scales + scale_index(a_scales, max(a_row(thread), int64_t{0}), group);
+    const CUtensorMap& b_map = shared ? b_shared_map : b_routed_map;
+    const int expert = shared ? 0 : group;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % kStages;
+      if (kt >= kStages) barrier_wait(&control.empty[s], (kt / kStages - 1) & 1);
+      uint8_t* a_tile = ring + s * Tile::kStageBytes;
+      uint8_t* b_tile = a_tile + Tile::kATileBytes;
+      const int k0 = kt * Op::kDepth;
+      if (thread == 0) {
+        barrier_expect_bytes(&control.full[s], Tile::kBTileBytes);
+        constexpr int kBoxRows = kGated ? Tile::kCols / 2 : Tile::kCols;
+#pragma unroll
+        for (int half = 0; half < Tile::kCols / kBoxRows; ++half)
+          load_box(b_tile + half * kBoxRows * kRowBytes, b_map, k0, static_cast<int>(b_rows[half]), expert,
+                   &control.full[s]);
+      }
+      const bool k_valid = k0 + chunk * (16 / Op::kBytes) < K;
 #pragma unroll
       for (int i = 0; i < Tile::kAChunks; ++i) {
-        const int64_t row = a_row(item, thread / kChunksPerRow + i * (Tile::kProducerThreads / kChunksPerRow));
-        a_source[i] = row >= 0 ? A + row * groups.a_stride * Op::kBytes + chunk * 16 : nullptr;
+        const int row = thread / kChunksPerRow + i * (Tile::kProducerThreads / kChunksPerRow);
+        const bool valid = a_source[i] && k_valid;
+        copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + static_cast<int64_t>(k0) * Op::kBytes : A,
+                   valid);
       }
-      // fp8_block: the scales of tile row `thread` (any row of the group past its end) and,
-      // for threads 0 and 1, of the gate and up halves' weight rows.
-      const float* a_scale_source = nullptr;
-      const float* b_scale_source = nullptr;
       if constexpr (kPerKTile) {
-        a_scale_source = a_scales.scales + scale_index(a_scales, max(a_row(item, thread), int64_t{0}), item.group);
-        b_scale_source = b_scales.scales + scale_index(b_scales, b_row(item, thread == 0 ? 0 : 1),
-                                                       item.shared ? 0 : item.group);
+        copy_scale_async(&control.a_scales[s][thread], a_scale_source + kt * a_scales.k_stride);
+        if (thread < 2)
+          copy_scale_async(&control.b_scales[s][thread],
+                           b_scales.scales + scale_index(b_scales, thread == 0 ? b_rows[0] : b_rows[1], shared ? 0 : group) +
+                               kt * b_scales.k_stride);
       }
-      const CUtensorMap& b_map = item.shared ? b_shared_map : b_routed_map;
-      const int expert = item.shared ? 0 : item.group;
-      for (int kt = 0; kt < item.k_tiles; ++kt, ++step) {
-        const int s = step % kStages;
-        if (step >= kStages) barrier_wait(&control.empty[s], (step / kStages - 1) & 1);
-        uint8_t* a_tile = ring + s * Tile::kStageBytes;
-        uint8_t* b_tile = a_tile + Tile::kATileBytes;
-        const int k0 = kt * Op::kDepth;
-        if (thread == 0) {
-          barrier_expect_bytes(&control.full[s], Tile::kBTileBytes);
-          constexpr int kBoxRows = kGated ? Tile::kCols / 2 : Tile::kCols;
-#pragma unroll
-          for (int half = 0; half < Tile::kCols / kBoxRows; ++half)
-            load_box(b_tile + half * kBoxRows * kRowBytes, b_map, k0, static_cast<int>(b_row(item, half)), expert,
-                     &control.full[s]);
-        }
-        const bool k_valid = k0 + chunk * (16 / Op::kBytes) < item.k;
-#pragma unroll
-        for (int i = 0; i < Tile::kAChunks; ++i) {
-          const int row = thread / kChunksPerRow + i * (Tile::kProducerThreads / kChunksPerRow);
-          const bool valid = a_source[i] && k_valid;
-          copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + static_cast<int64_t>(k0) * Op::kBytes : A,
-                     valid);
-        }
-        if constexpr (kPerKTile) {
-          copy_scale_async(&control.a_scales[s][thread], a_scale_source + kt * a_scales.k_stride);
-          if (thread < 2) copy_scale_async(&control.b_scales[s][thread], b_scale_source + kt * b_scales.k_stride);
-        }
-        barrier_arrive_after_copies(&control.full[s]);
-      }
+      barrier_arrive_after_copies(&control.full[s]);
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
@@ -247,93 +219,81 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   // This thread's accumulator rows in the tile (m64 fragment order: rows[h] for q / 2 = h).
   const int first_row = consumer * 64 + (thread / 32) % 4 * 16 + lane / 4;
   const int rows[2] = {first_row, first_row + 8};
-  int step = 0;
-  for (int64_t work = blockIdx.x; work < work_items; work += gridDim.x) {
-    WorkItem item;
-    if (!describe(work, item)) continue;
-    float acc[Tile::kMmaN][4];
-    float sums[kFp8 ? Tile::kMmaN : 1][4];
-    for (int kt = 0; kt < item.k_tiles; ++kt, ++step) {
-      const int s = step % kStages;
-      barrier_wait(&control.full[s], (step / kStages) & 1);
-      const uint8_t* a_tile = ring + s * Tile::kStageBytes;
-      const uint64_t a_descriptor = wgmma_descriptor(a_tile + consumer * 64 * kRowBytes);
-      const uint64_t b_descriptor = wgmma_descriptor(a_tile + Tile::kATileBytes);
-      wgmma_fence();
-      if constexpr (kFp8) {
+  float acc[Tile::kMmaN][4] = {};
+  float sums[kFp8 ? Tile::kMmaN : 1][4];
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    const int s = kt % kStages;
+    barrier_wait(&control.full[s], (kt / kStages) & 1);
+    const uint8_t* a_tile = ring + s * Tile::kStageBytes;
+    const uint64_t a_descriptor = wgmma_descriptor(a_tile + consumer * 64 * kRowBytes);
+    const uint64_t b_descriptor = wgmma_descriptor(a_tile + Tile::kATileBytes);
+    wgmma_fence();
+    if constexpr (kFp8) {
 #pragma unroll
-        for (int kk = 0; kk < kStepsPerStage; ++kk)  // +32 bytes along K inside the swizzle atom
-          wgmma_step<Tile::kCols, true>(sums, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kk > 0);
-        wgmma_commit();
-        float a_scale[2] = {1.0f, 1.0f}, b_scale[2] = {1.0f, 1.0f};
-        if constexpr (kPerKTile) {
-          a_scale[0] = control.a_scales[s][rows[0]], a_scale[1] = control.a_scales[s][rows[1]];
-          b_scale[0] = control.b_scales[s][0], b_scale[1] = control.b_scales[s][1];
-        }
-        wgmma_wait<0>();
-        if (lane == 0) barrier_arrive(&control.empty[s]);
-#pragma unroll
-        for (int j = 0; j < Tile::kMmaN; ++j)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const float scaled = sums[j][q] * (a_scale[q / 2] * b_scale[kGated && j >= Tile::kMmaN / 2 ? 1 : 0]);
-            acc[j][q] = kt == 0 ? scaled : acc[j][q] + scaled;
-          }
-      } else {
-#pragma unroll
-        for (int kk = 0; kk < kStepsPerStage; ++kk)  // the item's first K tile starts a fresh sum
-          wgmma_step<Tile::kCols, false>(acc, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kt > 0 || kk > 0);
-        wgmma_commit();
-        wgmma_wait<1>();  // the previous stage's group is done: release that stage
-        if (kt > 0 && lane == 0) barrier_arrive(&control.empty[(step - 1) % kStages]);
+      for (int kk = 0; kk < kStepsPerStage; ++kk)  // +32 bytes along K inside the swizzle atom
+        wgmma_step<Tile::kCols, true>(sums, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kk > 0);
+      wgmma_commit();
+      float a_scale[2] = {1.0f, 1.0f}, b_scale[2] = {1.0f, 1.0f};
+      if constexpr (kPerKTile) {
+        a_scale[0] = control.a_scales[s][rows[0]], a_scale[1] = control.a_scales[s][rows[1]];
+        b_scale[0] = control.b_scales[s][0], b_scale[1] = control.b_scales[s][1];
       }
+      wgmma_wait<0>();
+      if (lane == 0) barrier_arrive(&control.empty[s]);
+#pragma unroll
+      for (int j = 0; j < Tile::kMmaN; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          acc[j][q] += sums[j][q] * (a_scale[q / 2] * b_scale[kGated && j >= Tile::kMmaN / 2 ? 1 : 0]);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kStepsPerStage; ++kk)
+        wgmma_step<Tile::kCols, false>(acc, a_descriptor + 2 * kk, b_descriptor + 2 * kk, true);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous stage's group is done: release that stage
+      if (kt > 0 && lane == 0) barrier_arrive(&control.empty[(kt - 1) % kStages]);
     }
-    wgmma_wait<0>();
-    if (!kFp8 && lane == 0) barrier_arrive(&control.empty[(step - 1) % kStages]);  // the item's last stage
+  }
+  wgmma_wait<0>();
 
-    // Epilogue (the producer already fills the ring for the next item): rows rows[h],
-    // columns 8 j + 2 (lane % 4) + e of the B tile (gated: j < kMmaN / 2 gate, j + kMmaN / 2
-    // the up of the same output column).
-    const ScaleGrid& a_scales = item.shared ? groups.a_shared_scale : groups.a_routed_scale;
-    const ScaleGrid& b_scales = item.shared ? groups.b_shared_scale : groups.b_routed_scale;
-    constexpr int kOutBlocks = kGated ? Tile::kMmaN / 2 : Tile::kMmaN;
+  // Epilogue: rows rows[h], columns 8 j + 2 (lane % 4) + e of the B tile (gated:
+  // j < kMmaN / 2 gate, j + kMmaN / 2 the up of the same output column).
+  constexpr int kOutBlocks = kGated ? Tile::kMmaN / 2 : Tile::kMmaN;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int32_t slot = item.first_slot + rows[h];
-      if (slot >= item.group_end) continue;
-      float a_scale = 1.0f;
-      if constexpr (kScales == Scales::kEpilogue)
-        a_scale = a_scales.scales[scale_index(a_scales, a_row(item, rows[h]), item.group)];
-      uint16_t* c_row = groups.c + static_cast<int64_t>(slot) * groups.c_stride;
+  for (int h = 0; h < 2; ++h) {
+    const int row = rows[h];
+    const int32_t slot = first_slot + row;
+    if (slot >= group_end) continue;
+    float a_scale = 1.0f;
+    if constexpr (kScales == Scales::kEpilogue) a_scale = a_scales.scales[scale_index(a_scales, a_row(row), group)];
+    uint16_t* c_row = groups.c + static_cast<int64_t>(slot) * groups.c_stride;
 #pragma unroll
-      for (int j = 0; j < kOutBlocks; ++j) {
-        const int64_t col = item.first_col + j * 8 + (lane % 4) * 2;
-        if (col >= item.out_cols) continue;
-        float value[2], up[2];
+    for (int j = 0; j < kOutBlocks; ++j) {
+      const int64_t col = first_col + j * 8 + (lane % 4) * 2;
+      if (col >= out_cols) continue;
+      float value[2], up[2];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          value[e] = acc[j][2 * h + e];
-          if constexpr (kGated) up[e] = acc[j + kOutBlocks][2 * h + e];
-          if constexpr (kScales == Scales::kEpilogue) {  // per channel / per tensor: scales constant along K
-            const int g = item.shared ? 0 : item.group;
-            const int64_t offset = col - item.first_col + e;
-            value[e] *= a_scale * b_scales.scales[scale_index(b_scales, b_row(item, 0) + offset, g)];
-            if constexpr (kGated) up[e] *= a_scale * b_scales.scales[scale_index(b_scales, b_row(item, 1) + offset, g)];
-          }
+      for (int e = 0; e < 2; ++e) {
+        value[e] = acc[j][2 * h + e];
+        if constexpr (kGated) up[e] = acc[j + kOutBlocks][2 * h + e];
+        if constexpr (kScales == Scales::kEpilogue) {  // per channel / per tensor: scales constant along K
+          const int g = shared ? 0 : group;
+          value[e] *= a_scale * b_scales.scales[scale_index(b_scales, b_rows[0] + (col - first_col) + e, g)];
+          if constexpr (kGated) up[e] *= a_scale * b_scales.scales[scale_index(b_scales, b_rows[1] + (col - first_col) + e, g)];
         }
-        if constexpr (kGated)
-          store_pair(c_row + col, activate(activation, value[0]) * up[0], activate(activation, value[1]) * up[1]);
-        else
-          store_pair(c_row + col, value[0], value[1]);
       }
+      if constexpr (kGated)
+        store_pair(c_row + col, activate(activation, value[0]) * up[0], activate(activation, value[1]) * up[1]);
+      else
+        store_pair(c_row + col, value[0], value[1]);
     }
-    if constexpr (kGated && kFp8) {
-      static_assert(128 % (Tile::kCols / 2) == 0, "a group of 128 columns (GPU fp8_block) spans whole column tiles");
-      if (groups.quantize.codes)
-        quantize_output(groups.quantize, layout.arrivals, groups.c, groups.c_stride, item.tile, item.first_slot,
-                        min(Tile::kRows, item.group_end - item.first_slot), item.first_col, Tile::kCols / 2,
-                        item.out_cols, thread, Tile::kConsumerThreads);
-    }
+  }
+  if constexpr (kGated && kFp8) {
+    static_assert(128 % (Tile::kCols / 2) == 0, "a group of 128 columns (GPU fp8_block) spans whole column tiles");
+    if (groups.quantize.codes)
+      quantize_output(groups.quantize, layout.arrivals, groups.c, groups.c_stride, tile, first_slot,
+                      min(Tile::kRows, group_end - first_slot), first_col, Tile::kCols / 2, out_cols, thread,
+                      Tile::kConsumerThreads);
   }
 }
 
@@ -398,11 +358,9 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
       return error;
   if (!has_routed) routed = shared;
   if (!has_shared) shared = routed;
-  // Persistent: one CTA per SM at most, each walking the work items (the device knows how
-  // many row tiles there are; max_tiles only bounds them).
   const int64_t cols_per_tile = kGated ? Tile::kCols / 2 : Tile::kCols;
-  const int64_t most_items = max_tiles * ((column_extent(groups, kGated) + cols_per_tile - 1) / cols_per_tile);
-  const int64_t ctas = std::min<int64_t>(most_items, multiprocessor_count());
+  const int64_t ctas = max_tiles * ((column_extent(groups, kGated) + cols_per_tile - 1) / cols_per_tile);
+  if (ctas > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
   return launch_chained(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tile::kThreads), kSharedBytes, stream, routed,
                         shared, groups, layout, activation);
 }

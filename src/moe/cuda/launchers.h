@@ -119,8 +119,6 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
 // B), which launch_grouped_gemm takes for tile_rows = 128; no split K.
 cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
                                     Activation activation, cudaStream_t stream);
-// SMs of the current device (read once; a tuning input of the GEMM plans and grids).
-int multiprocessor_count();
 // The tile height launch_grouped_gemm works best with for groups of this many rows.
 int choose_tile_rows(int64_t rows_per_group);
 // How many ways to split K so that a small grid (decode: few experts, few tiles) still
