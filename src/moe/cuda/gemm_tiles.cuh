@@ -112,6 +112,32 @@ __device__ inline void store_pair(uint16_t* destination, float first, float seco
   *reinterpret_cast<__nv_bfloat162*>(destination) = packed;
 }
 
+// The output columns the grid covers: the wider of the routed and the shared experts'.
+__host__ __device__ inline int64_t column_extent(const GemmGroups& groups, bool gated) {
+  return (groups.n > groups.n_shared ? groups.n : groups.n_shared) / (gated ? 2 : 1);
+}
+
+// A row tile of the list (PairLayout) and the group it belongs to: what both GEMM kernels
+// read before their main loop.
+struct RowTile {
+  int group;
+  int32_t first_slot, group_end;  // the tile's first slot, the group's end
+  bool shared;                    // the shared experts' group
+  int64_t n, k;                   // the group's B is [n, k]
+};
+__device__ inline RowTile row_tile(const GemmGroups& groups, const PairLayout& layout, int tile) {
+  const int group = layout.tile_group[tile];
+  const bool shared = group == groups.local_experts;
+  return {group, layout.tile_row[tile], layout.group_offsets[group + 1], shared,
+          shared ? groups.n_shared : groups.n, shared ? groups.k_shared : groups.k};
+}
+// The A row behind row `row` of the tile (a gather through the slot map), or -1 past the group.
+__device__ inline int64_t a_row_of(const GemmGroups& groups, const RowTile& tile, int row) {
+  const int32_t slot = tile.first_slot + row;
+  if (slot >= tile.group_end) return -1;
+  return groups.a_row_of_slot ? groups.a_row_of_slot[slot] : slot;
+}
+
 // Where the fp8 scales of row (or weight row) `n` of group `group` start; K tile k adds
 // k * k_stride.
 __device__ inline int32_t scale_index(const ScaleGrid& grid, int64_t n, int group) {

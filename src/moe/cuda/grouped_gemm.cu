@@ -100,12 +100,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   wait_for_predecessor();
   const int tile = blockIdx.x;
   if (tile >= *layout.tile_count) return;
-  const int group = layout.tile_group[tile];
-  const int32_t first_slot = layout.tile_row[tile];
-  const int32_t group_end = layout.group_offsets[group + 1];
-  const bool shared = group == groups.local_experts;
-  const int64_t N = shared ? groups.n_shared : groups.n;
-  const int64_t K = shared ? groups.k_shared : groups.k;
+  const RowTile this_tile = row_tile(groups, layout, tile);
+  const auto& [group, first_slot, group_end, shared, N, K] = this_tile;
   const auto* A = static_cast<const uint8_t*>(shared ? groups.a_shared : groups.a_routed);
   const auto* B = static_cast<const uint8_t*>(shared ? groups.b_shared : groups.b_routed) +
                   (shared ? 0 : static_cast<int64_t>(group) * N * K * Op::kBytes);
@@ -123,12 +119,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
       return first_col + col < N ? first_col + col : -1;
     }
   };
-  // The A row behind tile row `row`, or -1 past the group.
-  auto a_row = [&](int row) -> int64_t {
-    const int32_t slot = first_slot + row;
-    if (row >= Cfg::kRows || slot >= group_end) return -1;
-    return groups.a_row_of_slot ? groups.a_row_of_slot[slot] : slot;
-  };
+  // The A row behind tile row `row`, or -1 past the tile or the group.
+  auto a_row = [&](int row) -> int64_t { return row < Cfg::kRows ? a_row_of(groups, this_tile, row) : -1; };
 
   // The global rows this thread copies into each stage, fixed over the K loop.
   constexpr int kAChunks = Cfg::kRows * kChunksPerRow / Cfg::kThreads;
@@ -437,7 +429,7 @@ cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, in
     return error != cudaSuccess ? error : prefer_max_shared_memory(reinterpret_cast<const void*>(kernel));
   }();
   if (attribute_error != cudaSuccess) return attribute_error;
-  const int64_t widest = std::max(groups.n, groups.n_shared) / (kGated ? 2 : 1);
+  const int64_t widest = column_extent(groups, kGated);
   const int64_t cols_per_tile = kGated ? Cfg::kCols / 2 : Cfg::kCols;
   const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>((widest + cols_per_tile - 1) / cols_per_tile),
                   static_cast<unsigned>(groups.k_splits));

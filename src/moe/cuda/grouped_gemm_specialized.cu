@@ -59,11 +59,6 @@ struct StageControl {
   float b_scales[kStages][2];    // of the tile's gate rows and up rows (one 128-block each)
 };
 
-// The output columns the grid covers: the wider of the routed and the shared experts'.
-__host__ __device__ inline int64_t column_extent(const GemmGroups& groups, bool gated) {
-  return (groups.n > groups.n_shared ? groups.n : groups.n_shared) / (gated ? 2 : 1);
-}
-
 template <bool kFp8>
 constexpr size_t specialized_shared_bytes() {
   using Tile = SpecializedTile<kFp8>;
@@ -132,12 +127,8 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   const int64_t column_tiles = (column_extent(groups, kGated) + cols_per_tile - 1) / cols_per_tile;
   const int tile = static_cast<int>(blockIdx.x / column_tiles);
   if (tile >= *layout.tile_count) return;
-  const int group = layout.tile_group[tile];
-  const int32_t first_slot = layout.tile_row[tile];
-  const int32_t group_end = layout.group_offsets[group + 1];
-  const bool shared = group == groups.local_experts;
-  const int64_t N = shared ? groups.n_shared : groups.n;
-  const int64_t K = shared ? groups.k_shared : groups.k;
+  const RowTile this_tile = row_tile(groups, layout, tile);
+  const auto& [group, first_slot, group_end, shared, N, K] = this_tile;
   const int64_t out_cols = kGated ? N / 2 : N;
   const int64_t first_col = static_cast<int64_t>(blockIdx.x % column_tiles) * cols_per_tile;
   if (first_col >= out_cols) return;
@@ -146,11 +137,7 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
   const int k_tiles = static_cast<int>((K + Op::kDepth - 1) / Op::kDepth);
   // The A row behind tile row `row`, or -1 past the group.
-  auto a_row = [&](int row) -> int64_t {
-    const int32_t slot = first_slot + row;
-    if (slot >= group_end) return -1;
-    return groups.a_row_of_slot ? groups.a_row_of_slot[slot] : slot;
-  };
+  auto a_row = [&](int row) { return a_row_of(groups, this_tile, row); };
   // The first weight row of the tile's gate half (or of the tile), and of its up half.
   const int64_t b_rows[2] = {first_col, kGated ? out_cols + first_col : first_col};
 
