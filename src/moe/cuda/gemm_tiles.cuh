@@ -39,6 +39,11 @@ __device__ inline uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
+// The first 1024-byte aligned byte of dynamic shared memory (swizzled tiles need it). Pointer
+// arithmetic on `raw` itself, so the compiler still knows the result is shared memory and
+// reads through it with LDS, not generic loads.
+__device__ inline uint8_t* aligned_tiles(uint8_t* raw) { return raw + (1024 - shared_address(raw) % 1024) % 1024; }
+
 // Byte offset of (row, 16-byte chunk) in a swizzled tile of 128-byte rows.
 __device__ inline int swizzled(int row, int chunk) { return row * kRowBytes + ((chunk ^ (row & 7)) * 16); }
 

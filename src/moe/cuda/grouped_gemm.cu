@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   constexpr bool kFp8 = kScales != Scales::kNone;
   using Op = Operand<kFp8>;
   extern __shared__ __align__(128) uint8_t shared_raw[];
-  uint8_t* shared_tiles = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* shared_tiles = aligned_tiles(shared_raw);
   allow_successor();
   wait_for_predecessor();
   const int tile = blockIdx.x;

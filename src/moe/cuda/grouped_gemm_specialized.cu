@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   constexpr int kStages = Tile::kStages;
   constexpr bool kPerKTile = kScales == Scales::kPerKTile;
   extern __shared__ __align__(128) uint8_t shared_raw[];
-  uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* ring = aligned_tiles(shared_raw);
   auto& control = *reinterpret_cast<StageControl<kStages>*>(ring + kStages * Tile::kStageBytes);
   allow_successor();
   wait_for_predecessor();
