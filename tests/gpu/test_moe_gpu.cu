@@ -199,6 +199,9 @@ INSTANTIATE_TEST_SUITE_P(Presets, GpuFp8VsCpu, ::testing::ValuesIn(fp8_cases()),
 // The shared experts on a tile list of their own (their launch fills the GPU by itself:
 // 512 tokens, a wide shared intermediate), beside routed experts on the decode tile whose
 // GEMM2 splits K: the combine adds routed partial sums and whole shared rows.
+// Also the specialised tile's two ways of staging fp8_block scales: GEMM1 (K = 7168) holds
+// all of a work item's scales in shared memory, the shared experts' GEMM2 (K = 8704, 68 K
+// tiles) has more than fit and stages them with each K tile.
 TEST(GpuMoe, SharedExpertsOnTheirOwnTileListBesideSplitKRoutedTiles) {
   for (QuantScheme scheme : {QuantScheme::kBf16, QuantScheme::kFp8Block}) {
     RandomCaseOptions options = preset_options(*find_preset("deepseek-v3"), 512, false, 8, 0);

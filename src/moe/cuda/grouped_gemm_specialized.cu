@@ -50,20 +50,35 @@ struct SpecializedTile {
   static_assert(kRows == kProducerThreads, "a producer thread stages one row's fp8 scale");
 };
 
-// After the ring of stages: the mbarriers and the fp8_block scales of each stage.
-template <int kStages>
+// fp8_block scales live in slots of shared memory: one per K tile of the work item where
+// they fit (all copied before the first stage lands, so no stage waits for the latency of
+// its 130 scattered 4-byte copies: 10% of the e4m3 tile's time at 16k tokens), else one per
+// stage of the ring, copied with the stage. As many slots as the shared memory leaves.
+inline constexpr size_t kSharedBudget = 227 * 1024 - 1024 - 512;  // - ring alignment, - static shared
+template <bool kFp8>
+__host__ __device__ constexpr int scale_slots() {
+  using Tile = SpecializedTile<kFp8>;
+  if (!kFp8) return 1;
+  const size_t left = kSharedBudget - size_t{Tile::kStages} * Tile::kStageBytes - 2 * Tile::kStages * sizeof(uint64_t);
+  return static_cast<int>(left / (130 * sizeof(float)));
+}
+
+// After the ring of stages: the mbarriers and the fp8_block scale slots.
+template <int kStages, int kScaleSlots>
 struct StageControl {
   uint64_t full[kStages];   // B landed (transaction bytes) and every producer thread's cp.asyncs
   uint64_t empty[kStages];  // every consumer warp is done reading the stage
-  float a_scales[kStages][128];  // of the tile's rows, for this stage's K tile
-  float b_scales[kStages][2];    // of the tile's gate rows and up rows (one 128-block each)
+  float a_scales[kScaleSlots][128];  // of the tile's rows, for a K tile
+  float b_scales[kScaleSlots][2];    // of the tile's gate rows and up rows (one 128-block each)
 };
 
 template <bool kFp8>
 constexpr size_t specialized_shared_bytes() {
   using Tile = SpecializedTile<kFp8>;
-  return 1024 + size_t{Tile::kStages} * Tile::kStageBytes + sizeof(StageControl<Tile::kStages>);
+  return 1024 + size_t{Tile::kStages} * Tile::kStageBytes + sizeof(StageControl<Tile::kStages, scale_slots<kFp8>()>);
 }
+static_assert(specialized_shared_bytes<true>() <= kSharedBudget + 1024 &&
+              scale_slots<true>() >= SpecializedTile<true>::kStages);
 
 __device__ inline void barrier_init(uint64_t* barrier, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(count));
@@ -120,7 +135,8 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   constexpr bool kPerKTile = kScales == Scales::kPerKTile;
   extern __shared__ __align__(128) uint8_t shared_raw[];
   uint8_t* ring = aligned_tiles(shared_raw);
-  auto& control = *reinterpret_cast<StageControl<kStages>*>(ring + kStages * Tile::kStageBytes);
+  constexpr int kScaleSlots = scale_slots<kFp8>();
+  auto& control = *reinterpret_cast<StageControl<kStages, kScaleSlots>*>(ring + kStages * Tile::kStageBytes);
   allow_successor();
   wait_for_predecessor();
   const int64_t cols_per_tile = kGated ? Tile::kCols / 2 : Tile::kCols;
@@ -136,6 +152,8 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
   const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
   const int k_tiles = static_cast<int>((K + Op::kDepth - 1) / Op::kDepth);
+  // fp8_block: the scales of K tile kt are in slot kt (all of the item's fit) or kt % kStages.
+  const bool scales_per_item = k_tiles <= kScaleSlots;
   // The A row behind tile row `row`, or -1 past the group.
   auto a_row = [&](int row) { return a_row_of(groups, this_tile, row); };
   // The first weight row of the tile's gate half (or of the tile), and of its up half.
@@ -163,6 +181,14 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
     // fp8_block: the scale of tile row `thread` (any row of the group past its end).
     const float* a_scale_source = nullptr;
     if constexpr (kPerKTile) a_scale_source = a_scales.scales + scale_index(a_scales, max(a_row(thread), int64_t{0}), group);
+    const int b_group = shared ? 0 : group;
+    if (kPerKTile && scales_per_item) {
+      for (int kt = 0; kt < k_tiles; ++kt)
+        copy_scale_async(&control.a_scales[kt][thread], a_scale_source + kt * a_scales.k_stride);
+      for (int i = thread; i < 2 * k_tiles; i += Tile::kProducerThreads)
+        copy_scale_async(&control.b_scales[i / 2][i % 2],
+                         b_scales.scales + scale_index(b_scales, b_rows[i % 2], b_group) + i / 2 * b_scales.k_stride);
+    }
     const CUtensorMap& b_map = shared ? b_shared_map : b_routed_map;
     const int expert = shared ? 0 : group;
     for (int kt = 0; kt < k_tiles; ++kt) {
@@ -187,12 +213,11 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
         copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + static_cast<int64_t>(k0) * Op::kBytes : A,
                    valid);
       }
-      if constexpr (kPerKTile) {
+      if (kPerKTile && !scales_per_item) {
         copy_scale_async(&control.a_scales[s][thread], a_scale_source + kt * a_scales.k_stride);
         if (thread < 2)
           copy_scale_async(&control.b_scales[s][thread],
-                           b_scales.scales + scale_index(b_scales, thread == 0 ? b_rows[0] : b_rows[1], shared ? 0 : group) +
-                               kt * b_scales.k_stride);
+                           b_scales.scales + scale_index(b_scales, b_rows[thread], b_group) + kt * b_scales.k_stride);
       }
       barrier_arrive_after_copies(&control.full[s]);
     }
@@ -222,8 +247,9 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
       wgmma_commit();
       float a_scale[2] = {1.0f, 1.0f}, b_scale[2] = {1.0f, 1.0f};
       if constexpr (kPerKTile) {
-        a_scale[0] = control.a_scales[s][rows[0]], a_scale[1] = control.a_scales[s][rows[1]];
-        b_scale[0] = control.b_scales[s][0], b_scale[1] = control.b_scales[s][1];
+        const int slot = scales_per_item ? kt : s;
+        a_scale[0] = control.a_scales[slot][rows[0]], a_scale[1] = control.a_scales[slot][rows[1]];
+        b_scale[0] = control.b_scales[slot][0], b_scale[1] = control.b_scales[slot][1];
       }
       wgmma_wait<0>();
       if (lane == 0) barrier_arrive(&control.empty[s]);
