@@ -60,7 +60,7 @@ __host__ __device__ constexpr int scale_slots() {
   using Tile = SpecializedTile<kFp8>;
   if (!kFp8) return 1;
   const size_t left = kSharedBudget - size_t{Tile::kStages} * Tile::kStageBytes - 2 * Tile::kStages * sizeof(uint64_t);
-  return static_cast<int>(left / (130 * sizeof(float)));
+  return static_cast<int>(left / ((Tile::kRows + 2) * sizeof(float)));  // a slot: A's rows, B's two halves
 }
 
 // After the ring of stages: the mbarriers and the fp8_block scale slots.
@@ -181,13 +181,19 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
     // fp8_block: the scale of tile row `thread` (any row of the group past its end).
     const float* a_scale_source = nullptr;
     if constexpr (kPerKTile) a_scale_source = a_scales.scales + scale_index(a_scales, max(a_row(thread), int64_t{0}), group);
-    const int b_group = shared ? 0 : group;
+    // K tile kt's scale of this thread's row, and of weight half `half`, into scale slot `slot`.
+    auto copy_a_scale = [&](int kt, int slot) {
+      copy_scale_async(&control.a_scales[slot][thread], a_scale_source + kt * a_scales.k_stride);
+    };
+    // (b_rows by a select, not an index: a runtime index puts the array in local memory.)
+    auto copy_b_scale = [&](int kt, int half, int slot) {
+      const int64_t b_row = half == 0 ? b_rows[0] : b_rows[1];
+      copy_scale_async(&control.b_scales[slot][half],
+                       b_scales.scales + scale_index(b_scales, b_row, shared ? 0 : group) + kt * b_scales.k_stride);
+    };
     if (kPerKTile && scales_per_item) {
-      for (int kt = 0; kt < k_tiles; ++kt)
-        copy_scale_async(&control.a_scales[kt][thread], a_scale_source + kt * a_scales.k_stride);
-      for (int i = thread; i < 2 * k_tiles; i += Tile::kProducerThreads)
-        copy_scale_async(&control.b_scales[i / 2][i % 2],
-                         b_scales.scales + scale_index(b_scales, b_rows[i % 2], b_group) + i / 2 * b_scales.k_stride);
+      for (int kt = 0; kt < k_tiles; ++kt) copy_a_scale(kt, kt);
+      for (int i = thread; i < 2 * k_tiles; i += Tile::kProducerThreads) copy_b_scale(i / 2, i % 2, i / 2);
     }
     const CUtensorMap& b_map = shared ? b_shared_map : b_routed_map;
     const int expert = shared ? 0 : group;
@@ -214,10 +220,8 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
                    valid);
       }
       if (kPerKTile && !scales_per_item) {
-        copy_scale_async(&control.a_scales[s][thread], a_scale_source + kt * a_scales.k_stride);
-        if (thread < 2)
-          copy_scale_async(&control.b_scales[s][thread],
-                           b_scales.scales + scale_index(b_scales, b_rows[thread], b_group) + kt * b_scales.k_stride);
+        copy_a_scale(kt, s);
+        if (thread < 2) copy_b_scale(kt, thread, s);
       }
       barrier_arrive_after_copies(&control.full[s]);
     }
