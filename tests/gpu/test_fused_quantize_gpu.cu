@@ -3,8 +3,11 @@
 // standalone quantiser (launch_quantize_fp8, itself bit-identical to the CPU quantiser,
 // test_quantize_gpu) then runs over that same bf16 output. Codes and scales must agree bit
 // for bit on every used row, both buffers poisoned first, for the decode and the wgmma
-// tiles, per group of 128, per row and with a static per-tensor scale, with a shared-expert
-// group narrower than the routed experts (I_s < I: scopes cut short at its edge).
+// tiles, per group of 128 and with a static per-tensor scale, with a shared-expert
+// group narrower than the routed experts (I_s < I: scopes cut short at its edge). Neither
+// width is a multiple of 128: the last group of each is 64 columns, one column tile of the
+// specialised tile, whose partner in the pair (a cluster of two) has no columns; and the
+// routed width's 5 column tiles make the grid pad a sixth.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -21,7 +24,7 @@
 namespace epmoe {
 namespace {
 
-constexpr int64_t kHidden = 512, kIntermediate = 384, kSharedIntermediate = 256;
+constexpr int64_t kHidden = 512, kIntermediate = 320, kSharedIntermediate = 192;
 constexpr int kLocalExperts = 5, kTopK = 2;
 
 template <typename T>

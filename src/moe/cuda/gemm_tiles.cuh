@@ -149,12 +149,12 @@ __device__ inline int32_t scale_index(const ScaleGrid& grid, int64_t n, int grou
   return static_cast<int32_t>((n / grid.block_n) * grid.row_stride + group * grid.group_stride);
 }
 
-// Synchronises the `threads` threads of a CTA that run an epilogue (all of them, or the
-// consumer warpgroups of a warp-specialised kernel), on named barrier 1.
+// Synchronises the `threads` threads of a CTA that run an epilogue, on named barrier 1.
 __device__ inline void sync_epilogue(int threads) { asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory"); }
 
-// GEMM1's fused quantisation (EpilogueQuantize, arrival counters `arrivals` of the tile list
-// the GEMM runs): called by the `threads` epilogue threads of
+// GEMM1's fused quantisation on grouped_gemm.cu's tiles (EpilogueQuantize, arrival counters
+// `arrivals` of the tile list the GEMM runs; the specialised tile quantises from its
+// registers instead): called by the `threads` epilogue threads of
 // a CTA (`thread` = this one's index among them) once their bf16 outputs (rows [first_slot,
 // + rows), columns [first_col, + tile_cols) of c) are written. The last CTA of the scope to
 // arrive quantises the scope: a group of 128 columns, or its own tile under a static scale,

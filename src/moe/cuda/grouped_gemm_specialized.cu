@@ -19,6 +19,12 @@
 // while one consumer does that the other's wgmma keeps the tensor cores busy.
 // Tiles: bf16 128 x 256 (m64n256k16 per consumer), e4m3 128 x 128 (m64n128k32, a second
 // accumulator for the per-stage sums), 192 KiB of stages either way.
+// GEMM1's fp8 quantisation stays in registers: a group of 128 output columns is the columns of
+// two neighbouring column tiles (gated e4m3: 64 each), which run as a cluster of two CTAs and
+// send each other their rows' amax (st.async into the partner's shared memory); each then
+// writes its own codes. No second pass over the output: the pass through L2 that
+// quantize_output makes (the last CTA of a group re-reads it) took 16% of this kernel's
+// samples (ncu, fp8_block GEMM1 at 16k tokens), the SM idle for the tensor cores meanwhile.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -50,6 +56,12 @@ struct SpecializedTile {
   static_assert(kRows == kProducerThreads, "a producer thread stages one row's fp8 scale");
 };
 
+// What the partner CTA of a pair of column tiles sends: its rows' amax over its columns.
+struct PairExchange {
+  uint64_t landed;      // all 128 values arrived (transaction bytes)
+  uint32_t amax[128];   // per tile row, as magnitude_bits
+};
+
 // fp8_block scales live in slots of shared memory: one per K tile of the work item where
 // they fit (all copied before the first stage lands, so no stage waits for the latency of
 // its 130 scattered 4-byte copies: 10% of the e4m3 tile's time at 16k tokens), else one per
@@ -59,15 +71,17 @@ template <bool kFp8>
 __host__ __device__ constexpr int scale_slots() {
   using Tile = SpecializedTile<kFp8>;
   if (!kFp8) return 1;
-  const size_t left = kSharedBudget - size_t{Tile::kStages} * Tile::kStageBytes - 2 * Tile::kStages * sizeof(uint64_t);
+  const size_t left = kSharedBudget - size_t{Tile::kStages} * Tile::kStageBytes - 2 * Tile::kStages * sizeof(uint64_t) -
+                      sizeof(PairExchange);
   return static_cast<int>(left / ((Tile::kRows + 2) * sizeof(float)));  // a slot: A's rows, B's two halves
 }
 
-// After the ring of stages: the mbarriers and the fp8_block scale slots.
+// After the ring of stages: the mbarriers, the pair exchange and the fp8_block scale slots.
 template <int kStages, int kScaleSlots>
 struct StageControl {
   uint64_t full[kStages];   // B landed (transaction bytes) and every producer thread's cp.asyncs
   uint64_t empty[kStages];  // every consumer warp is done reading the stage
+  PairExchange exchange;
   float a_scales[kScaleSlots][128];  // of the tile's rows, for a K tile
   float b_scales[kScaleSlots][2];    // of the tile's gate rows and up rows (one 128-block each)
 };
@@ -119,6 +133,87 @@ __device__ inline void load_box(uint8_t* destination, const CUtensorMap& map, in
       : "memory");
 }
 
+// The cluster barrier (pairs of column tiles): arrive once, wait later.
+__device__ inline void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
+__device__ inline void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
+
+// Writes `value` to the partner CTA's copy of `slot` (the other CTA of a cluster of two),
+// completing 4 bytes on its copy of `barrier`.
+__device__ inline void send_to_partner(uint32_t* slot, uint64_t* barrier, uint32_t value) {
+  uint32_t partner, remote_slot, remote_barrier;
+  asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(partner));
+  partner ^= 1;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_slot) : "r"(shared_address(slot)), "r"(partner));
+  asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_barrier) : "r"(shared_address(barrier)), "r"(partner));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];\n" ::"r"(remote_slot),
+               "r"(value), "r"(remote_barrier)
+               : "memory");
+}
+
+// Whether the grid pairs its column tiles into clusters of two: GEMM1 quantising its e4m3
+// output per group of 128 columns.
+template <bool kFp8, bool kGated>
+__host__ __device__ bool pairs_column_tiles(const GemmGroups& groups) {
+  return kFp8 && kGated && groups.quantize.codes && groups.quantize.granularity == Fp8Granularity::kPerGroup;
+}
+// Column tiles per row tile in the grid: over the wider group's output columns, an even
+// count when they are paired.
+template <bool kFp8, bool kGated>
+__host__ __device__ int64_t specialized_column_tiles(const GemmGroups& groups) {
+  const int64_t cols_per_tile = kGated ? SpecializedTile<kFp8>::kCols / 2 : SpecializedTile<kFp8>::kCols;
+  const int64_t tiles = (column_extent(groups, kGated) + cols_per_tile - 1) / cols_per_tile;
+  return pairs_column_tiles<kFp8, kGated>(groups) ? (tiles + 1) / 2 * 2 : tiles;
+}
+
+// GEMM1's fused quantisation (EpilogueQuantize) from the registers: `outputs[h][j][e]` are
+// this thread's bf16 outputs as written (tile row rows[h], column first_col + 8 j + 2 (lane %
+// 4) + e). Per group of 128 columns a row's scale is that of its amax over this tile's
+// columns and, where the partner of the pair has columns of the group (`exchange` not null),
+// over the partner's, which it sends; per tensor, the static scale. Codes and scales come out
+// bit for bit as quantize_held's.
+template <int kBlocks>
+__device__ void quantize_outputs(const EpilogueQuantize& q, const float (&outputs)[2][kBlocks][2], const int (&rows)[2],
+                                 int32_t first_slot, int32_t group_end, int64_t first_col, int64_t out_cols,
+                                 int64_t stride, int lane, PairExchange* exchange) {
+  const bool per_group = q.granularity == Fp8Granularity::kPerGroup;
+  uint32_t amax[2] = {0, 0};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (first_col + j * 8 + (lane % 4) * 2 + e < out_cols) amax[h] = max(amax[h], magnitude_bits(outputs[h][j][e]));
+    // The row's other columns in this tile are in the lanes of the same lane / 4.
+    amax[h] = max(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+    amax[h] = max(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+  }
+  if (exchange) {
+    cluster_wait();  // the partner has set up its exchange barrier
+    if (lane % 4 == 0)
+      for (int h = 0; h < 2; ++h) send_to_partner(&exchange->amax[rows[h]], &exchange->landed, amax[h]);
+    barrier_wait(&exchange->landed, 0);
+    for (int h = 0; h < 2; ++h) amax[h] = max(amax[h], exchange->amax[rows[h]]);
+  }
+  const float static_scale = per_group ? 0.0f : *q.static_scale;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int32_t slot = first_slot + rows[h];
+    if (slot >= group_end) continue;
+    const float scale = per_group ? scale_for_amax(amax[h]) : static_scale;
+    uint8_t* codes = q.codes + static_cast<int64_t>(slot) * stride;
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+      const int64_t col = first_col + j * 8 + (lane % 4) * 2;
+      if (col >= out_cols) continue;
+      *reinterpret_cast<uint16_t*>(codes + col) =
+          static_cast<uint16_t>(encode_e4m3(outputs[h][j][0], scale) | encode_e4m3(outputs[h][j][1], scale) << 8);
+    }
+    if (per_group && lane % 4 == 0 && first_col % q.group == 0)
+      q.scales[slot * ((stride + q.group - 1) / q.group) + first_col / q.group] = scale;
+  }
+}
+
 // 4 bytes global -> shared (a scale), through L1.
 __device__ inline void copy_scale_async(float* destination, const float* source) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(destination)), "l"(source));
@@ -140,14 +235,16 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   allow_successor();
   wait_for_predecessor();
   const int64_t cols_per_tile = kGated ? Tile::kCols / 2 : Tile::kCols;
-  const int64_t column_tiles = (column_extent(groups, kGated) + cols_per_tile - 1) / cols_per_tile;
+  const int64_t column_tiles = specialized_column_tiles<kFp8, kGated>(groups);
   const int tile = static_cast<int>(blockIdx.x / column_tiles);
   if (tile >= *layout.tile_count) return;
   const RowTile this_tile = row_tile(groups, layout, tile);
   const auto& [group, first_slot, group_end, shared, N, K] = this_tile;
   const int64_t out_cols = kGated ? N / 2 : N;
-  const int64_t first_col = static_cast<int64_t>(blockIdx.x % column_tiles) * cols_per_tile;
-  if (first_col >= out_cols) return;
+  const int64_t column_tile = blockIdx.x % column_tiles, first_col = column_tile * cols_per_tile;
+  if (first_col >= out_cols) return;  // (a pair's partner sees that and neither waits for nor sends to this CTA)
+  const bool paired = pairs_column_tiles<kFp8, kGated>(groups);
+  const bool partner_has_columns = paired && (column_tile ^ 1) * cols_per_tile < out_cols;
   const auto* A = static_cast<const uint8_t*>(shared ? groups.a_shared : groups.a_routed);
   const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
   const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
@@ -164,9 +261,12 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
       barrier_init(&control.full[s], Tile::kProducerThreads + 1);  // + the arrival that sets the B bytes
       barrier_init(&control.empty[s], Tile::kConsumerThreads / 32);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    barrier_init(&control.exchange.landed, 1);
+    if (partner_has_columns) barrier_expect_bytes(&control.exchange.landed, sizeof(control.exchange.amax));
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA and the partner
   }
   __syncthreads();
+  if (paired) cluster_arrive();  // the consumers wait for the partner's arrival before they send
 
   if (threadIdx.x < Tile::kProducerThreads) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tile::kProducerRegisters));
@@ -276,6 +376,8 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   // Epilogue: rows rows[h], columns 8 j + 2 (lane % 4) + e of the B tile (gated:
   // j < kMmaN / 2 gate, j + kMmaN / 2 the up of the same output column).
   constexpr int kOutBlocks = kGated ? Tile::kMmaN / 2 : Tile::kMmaN;
+  constexpr bool kQuantizes = kGated && kFp8;  // GEMM1 of an fp8 scheme: its outputs stay for quantize_outputs
+  float outputs[2][kQuantizes ? kOutBlocks : 1][2] = {};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = rows[h];
@@ -299,18 +401,19 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
           if constexpr (kGated) up[e] *= a_scale * b_scales.scales[scale_index(b_scales, b_rows[1] + (col - first_col) + e, g)];
         }
       }
-      if constexpr (kGated)
-        store_pair(c_row + col, activate(activation, value[0]) * up[0], activate(activation, value[1]) * up[1]);
-      else
-        store_pair(c_row + col, value[0], value[1]);
+      if constexpr (kGated) {
+        value[0] = activate(activation, value[0]) * up[0], value[1] = activate(activation, value[1]) * up[1];
+      }
+      store_pair(c_row + col, value[0], value[1]);
+      if constexpr (kQuantizes)
+        for (int e = 0; e < 2; ++e) outputs[h][j][e] = __bfloat162float(__float2bfloat16_rn(value[e]));
     }
   }
-  if constexpr (kGated && kFp8) {
-    static_assert(128 % (Tile::kCols / 2) == 0, "a group of 128 columns (GPU fp8_block) spans whole column tiles");
+  if constexpr (kQuantizes) {
+    static_assert(Tile::kCols == 128, "a pair of column tiles (kCols / 2 outputs each) is a group of 128 (GPU fp8_block)");
     if (groups.quantize.codes)
-      quantize_output(groups.quantize, layout.arrivals, groups.c, groups.c_stride, tile, first_slot,
-                      min(Tile::kRows, group_end - first_slot), first_col, Tile::kCols / 2, out_cols, thread,
-                      Tile::kConsumerThreads);
+      quantize_outputs(groups.quantize, outputs, rows, first_slot, group_end, first_col, out_cols, groups.c_stride,
+                       lane, partner_has_columns ? &control.exchange : nullptr);
   }
 }
 
@@ -375,11 +478,13 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
       return error;
   if (!has_routed) routed = shared;
   if (!has_shared) shared = routed;
-  const int64_t cols_per_tile = kGated ? Tile::kCols / 2 : Tile::kCols;
-  const int64_t ctas = max_tiles * ((column_extent(groups, kGated) + cols_per_tile - 1) / cols_per_tile);
+  const bool paired = pairs_column_tiles<kFp8, kGated>(groups);
+  if (paired && groups.quantize.group != Tile::kCols) return cudaErrorInvalidValue;  // a pair's columns are one group
+  const int64_t ctas = max_tiles * specialized_column_tiles<kFp8, kGated>(groups);
   if (ctas > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
-  return launch_chained(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tile::kThreads), kSharedBytes, stream, routed,
-                        shared, groups, layout, activation);
+  return launch_kernel_in_clusters(Start::kEarly, paired ? 2 : 1, kernel, dim3(static_cast<unsigned>(ctas)),
+                                   dim3(Tile::kThreads), kSharedBytes, stream, routed, shared, groups, layout,
+                                   activation);
 }
 
 }  // namespace

@@ -30,20 +30,35 @@ inline cudaError_t prefer_max_shared_memory(const void* kernel) {
 // 384 / 656 before, within run-to-run noise; T=1 unchanged.
 enum class Start { kEarly, kAfterPredecessor };
 
+// launch_kernel with the grid cut into clusters of `cluster` CTAs along x (1: no clusters);
+// grid.x must be a multiple of it.
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(Start start, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                          cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+cudaError_t launch_kernel_in_clusters(Start start, unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                      size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attributes[2]{};
+  unsigned count = 0;
+  if (start == Start::kEarly) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count++].val.clusterDim = {cluster, 1, 1};
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = start == Start::kEarly ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(Start start, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                          cudaStream_t stream, Args&&... args) {
+  return launch_kernel_in_clusters(start, 1, kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
 }
 
 template <typename... Params, typename... Args>
