@@ -120,21 +120,31 @@ TEST(TileSchedule, RoutedTilesFollowExpectedRowsAndSharedExpertsGoApartOnlyWhenT
   EXPECT_EQ(scout.shared_tiles, 8);
 }
 
-TEST(TileSchedule, KSplitsOnlyForTheDecodeTileAndNeverBelowFourKTiles) {
+TEST(TileSchedule, KSplitsOnlyForGridsUnderAWaveAndNeverBelowFourKTiles) {
   for (int tile_rows : {16, 64, 128})
-    for (int64_t row_tiles : {1, 2, 8, 64, 1000})
-      for (int64_t n : {256, 2048, 7168})
-        for (int64_t k : {128, 256, 768, 2048, 7168}) {
+    for (int64_t n : {256, 2048, 7168})
+      for (int64_t k : {128, 256, 768, 2048, 7168, 14336}) {
+        int previous = cuda::kMaxKSplits;
+        for (int64_t row_tiles : {1, 2, 8, 64, 1000}) {
           const int splits = cuda::choose_k_splits(tile_rows, row_tiles, n, k);
           SCOPED_TRACE(std::to_string(tile_rows) + " rows, " + std::to_string(row_tiles) + " tiles, n " +
                        std::to_string(n) + ", k " + std::to_string(k));
           EXPECT_GE(splits, 1);
-          EXPECT_LE(splits, cuda::kMaxKSplits);
-          if (tile_rows != 16) EXPECT_EQ(splits, 1);
+          EXPECT_LE(splits, previous) << "more tiles never split more";
           if (splits > 1) EXPECT_GE(k / splits, 4 * 64) << "each split keeps at least four bf16 K tiles";
+          if (row_tiles == 1000) EXPECT_EQ(splits, 1) << "the grid fills the GPU on its own";
+          previous = splits;
         }
+      }
   // One expert's decode step over a wide matrix leaves SMs idle without a split.
   EXPECT_GT(cuda::choose_k_splits(16, 1, 7168, 2048), 1);
+  // Mixtral at ep=8 holds one expert (H = 4096, I = 14336): GEMM2 has 32 column tiles of
+  // 128 on one medium row tile (T = 256), 16 of 256 on two specialised ones (T = 1024).
+  EXPECT_EQ(cuda::choose_k_splits(64, 1, 4096, 14336), cuda::kMaxKSplits);
+  EXPECT_GT(cuda::choose_k_splits(128, 2, 4096, 14336), 1);
+  EXPECT_EQ(cuda::plan_tiles(1024, 2, 8, 1, 0, 4096, 14336).k_splits, cuda::choose_k_splits(128, 2, 4096, 14336));
+  // deepseek-v3 at ep=8, 16k tokens: thousands of CTAs, no split.
+  EXPECT_EQ(cuda::plan_tiles(16384, 8, 256, 32, 2048, 7168, 2048).k_splits, 1);
 }
 
 }  // namespace

@@ -219,6 +219,24 @@ TEST(GpuMoe, SharedExpertsOnTheirOwnTileListBesideSplitKRoutedTiles) {
   }
 }
 
+// GEMM2 splitting K on the medium and the specialised tiles: one local expert (Mixtral at
+// ep=8), whose one or two row tiles would leave most SMs idle; the combine adds the partial
+// sums. fp8_block also checks that each split reads the block scales of its own K tiles,
+// fp8_channel that the epilogue's scales go on every split's partial sums.
+TEST(GpuMoe, Gemm2SplitsKOnTheMediumAndSpecialisedTiles) {
+  for (int64_t tokens : {200, 600})
+    for (QuantScheme scheme : {QuantScheme::kBf16, QuantScheme::kFp8Block, QuantScheme::kFp8Channel}) {
+      RandomCaseOptions options = preset_options(*find_preset("mixtral-8x7b"), tokens, false, 8, 0);
+      options.spec.quant.scheme = scheme;
+      options.intermediate = 2048;
+      const cuda::TilePlan plan = cuda::plan_tiles(tokens, 2, 8, 1, 0, options.hidden, options.intermediate);
+      ASSERT_EQ(plan.tile_rows, tokens == 200 ? 64 : 128) << "the case no longer covers what it names";
+      ASSERT_GT(plan.k_splits, 1);
+      expect_gpu_matches_cpu(options, std::string(quant_scheme_name(scheme)) + " T " + std::to_string(tokens),
+                             is_fp8(scheme) ? 3e-2 : 1e-2);
+    }
+}
+
 TEST(GpuMoe, Fp8BlockAtFullHiddenSize) {
   for (const char* name : {"deepseek-v3", "qwen3-235b-a22b"}) {
     RandomCaseOptions options = preset_options(*find_preset(name), 7, true, 8, 0);

@@ -44,6 +44,17 @@ __device__ inline uint32_t shared_address(const void* pointer) {
 // reads through it with LDS, not generic loads.
 __device__ inline uint8_t* aligned_tiles(uint8_t* raw) { return raw + (1024 - shared_address(raw) % 1024) % 1024; }
 
+// Split K: the K tiles [first, + count) of a GEMM over `k` elements (K tiles of `depth`)
+// that split `split` of `splits` sums; count may be 0 (the split's partial sums are zero).
+struct KTileRange {
+  int first, count;
+};
+__device__ inline KTileRange split_k_tiles(int64_t k, int depth, int split, int splits) {
+  const int all = static_cast<int>((k + depth - 1) / depth);
+  const int per_split = (all + splits - 1) / splits;
+  return {split * per_split, max(0, min(all - split * per_split, per_split))};
+}
+
 // Byte offset of (row, 16-byte chunk) in a swizzled tile of 128-byte rows.
 __device__ inline int swizzled(int row, int chunk) { return row * kRowBytes + ((chunk ^ (row & 7)) * 16); }
 
@@ -115,6 +126,18 @@ __device__ inline float activate(Activation activation, float value) {
 __device__ inline void store_pair(uint16_t* destination, float first, float second) {
   const __nv_bfloat162 packed = __floats2bfloat162_rn(first, second);
   *reinterpret_cast<__nv_bfloat162*>(destination) = packed;
+}
+
+// GEMM2's store of two neighbouring outputs (slot, col), (slot, col + 1): bf16 into c, or
+// under split K the f32 partial sums of split `split` into c_partial (the combine adds them).
+__device__ inline void store_outputs(const GemmGroups& groups, int split, int64_t slot, int64_t col, float first,
+                                     float second) {
+  if (groups.c_partial) {
+    float* partial = groups.c_partial + split * groups.partial_stride + slot * groups.c_stride + col;
+    *reinterpret_cast<float2*>(partial) = make_float2(first, second);
+  } else {
+    store_pair(groups.c + slot * groups.c_stride + col, first, second);
+  }
 }
 
 // The output columns the grid covers: the wider of the routed and the shared experts'.

@@ -269,10 +269,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   }();
 
   // Split K (blockIdx.z of gridDim.z): this CTA sums K tiles [first_k_tile, + k_tiles).
-  const int all_k_tiles = static_cast<int>((K + Op::kDepth - 1) / Op::kDepth);
-  const int tiles_per_split = (all_k_tiles + static_cast<int>(gridDim.z) - 1) / static_cast<int>(gridDim.z);
-  const int first_k_tile = static_cast<int>(blockIdx.z) * tiles_per_split;
-  const int k_tiles = max(0, min(all_k_tiles - first_k_tile, tiles_per_split));
+  const auto [first_k_tile, k_tiles] =
+      split_k_tiles(K, Op::kDepth, static_cast<int>(blockIdx.z), static_cast<int>(gridDim.z));
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
     if (s < k_tiles) load_stage(s, static_cast<int64_t>(first_k_tile + s) * Op::kDepth);
     asm volatile("cp.async.commit_group;\n");
@@ -398,13 +396,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
             store_pair(c_row + col, activate(activation, v[0]) * up[0], activate(activation, v[1]) * up[1]);
         } else {
           const int64_t col = first_col + warp_col + ni * 8 + (lane % 4) * 2;
-          if (col >= out_cols) continue;
-          if (groups.c_partial) {  // split K: f32 partial sums, added up by the combine
-            float* partial = groups.c_partial + blockIdx.z * groups.partial_stride + slot * groups.c_stride + col;
-            *reinterpret_cast<float2*>(partial) = make_float2(v[0], v[1]);
-          } else {
-            store_pair(c_row + col, v[0], v[1]);
-          }
+          if (col < out_cols) store_outputs(groups, static_cast<int>(blockIdx.z), slot, col, v[0], v[1]);
         }
       }
     }
@@ -450,11 +442,17 @@ int multiprocessor_count() {
 }  // namespace
 
 int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_t k) {
-  if (tile_rows != DecodeConfig::kRows) return 1;  // larger tiles fill the GPU on their own
-  const int64_t ctas = std::max<int64_t>(1, expected_row_tiles) * ((n + DecodeConfig::kCols - 1) / DecodeConfig::kCols);
-  const int64_t wanted = (2 * multiprocessor_count() + ctas - 1) / ctas;
+  // A GEMM2 CTA's columns and how many of its CTAs an SM holds (shared memory: the decode and
+  // medium rings take under half of it, the specialised ring nearly all). The specialised
+  // tile counts as bf16's 256 columns; e4m3's 128 then make at most two waves.
+  const int cols = tile_rows == DecodeConfig::kRows ? DecodeConfig::kCols
+                   : tile_rows == MediumConfig::kRows ? MediumConfig::kCols : 256;
+  const int per_sm = tile_rows == kSpecializedRows ? 1 : 2;
+  static_assert(2 * (MediumConfig::kSharedBytes + 1024) <= 228 * 1024 && 2 * (DecodeConfig::kSharedBytes + 1024) <= 228 * 1024);
+  const int64_t ctas = std::max<int64_t>(1, expected_row_tiles) * ((n + cols - 1) / cols);
+  const int64_t wave = int64_t{per_sm} * multiprocessor_count();
   const int64_t most = std::max<int64_t>(1, k / (4 * Operand<false>::kDepth));  // at least 4 bf16 K tiles per split
-  return static_cast<int>(std::clamp<int64_t>(wanted, 1, std::min<int64_t>(most, kMaxKSplits)));
+  return static_cast<int>(std::clamp<int64_t>(wave / ctas, 1, std::min<int64_t>(most, kMaxKSplits)));
 }
 
 int choose_tile_rows(int64_t rows_per_group) {
@@ -488,8 +486,12 @@ TilePlan plan_tiles(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t 
     plan.shared_tiles = (tokens + shared_rows - 1) / shared_rows;
   }
   const int64_t main_groups = local_experts + (shared_in_main ? 1 : 0);
-  plan.k_splits = choose_k_splits(plan.tile_rows, std::min(pairs + (shared_in_main ? tokens : 0), main_groups),
-                                  hidden, intermediate);
+  // Row tiles the main list expects: one per group that gets rows (at most the pairs), or the
+  // local experts' share of the pairs (and the shared rows) in tiles of this height.
+  const int64_t main_rows = pairs * local_experts / std::max<int64_t>(num_experts, 1) + (shared_in_main ? tokens : 0);
+  const int64_t expected_row_tiles = std::max(std::min(pairs + (shared_in_main ? tokens : 0), main_groups),
+                                              (main_rows + plan.tile_rows - 1) / plan.tile_rows);
+  plan.k_splits = choose_k_splits(plan.tile_rows, expected_row_tiles, hidden, intermediate);
   return plan;
 }
 

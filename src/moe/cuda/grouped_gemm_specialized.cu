@@ -248,7 +248,10 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   const auto* A = static_cast<const uint8_t*>(shared ? groups.a_shared : groups.a_routed);
   const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
   const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
-  const int k_tiles = static_cast<int>((K + Op::kDepth - 1) / Op::kDepth);
+  // Split K (GEMM2 where its CTAs would not fill the GPU): split blockIdx.y of gridDim.y sums
+  // the K tiles [first_k_tile, + k_tiles); kt below counts from first_k_tile.
+  const auto [first_k_tile, k_tiles] =
+      split_k_tiles(K, Op::kDepth, static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y));
   // fp8_block: the scales of K tile kt are in slot kt (all of the item's fit) or kt % kStages.
   const bool scales_per_item = k_tiles <= kScaleSlots;
   // The A row behind tile row `row`, or -1 past the group.
@@ -281,15 +284,17 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
     // fp8_block: the scale of tile row `thread` (any row of the group past its end).
     const float* a_scale_source = nullptr;
     if constexpr (kPerKTile) a_scale_source = a_scales.scales + scale_index(a_scales, max(a_row(thread), int64_t{0}), group);
-    // K tile kt's scale of this thread's row, and of weight half `half`, into scale slot `slot`.
+    // K tile first_k_tile + kt's scale of this thread's row, and of weight half `half`, into
+    // scale slot `slot`.
     auto copy_a_scale = [&](int kt, int slot) {
-      copy_scale_async(&control.a_scales[slot][thread], a_scale_source + kt * a_scales.k_stride);
+      copy_scale_async(&control.a_scales[slot][thread], a_scale_source + (first_k_tile + kt) * a_scales.k_stride);
     };
     // (b_rows by a select, not an index: a runtime index puts the array in local memory.)
     auto copy_b_scale = [&](int kt, int half, int slot) {
       const int64_t b_row = half == 0 ? b_rows[0] : b_rows[1];
       copy_scale_async(&control.b_scales[slot][half],
-                       b_scales.scales + scale_index(b_scales, b_row, shared ? 0 : group) + kt * b_scales.k_stride);
+                       b_scales.scales + scale_index(b_scales, b_row, shared ? 0 : group) +
+                           (first_k_tile + kt) * b_scales.k_stride);
     };
     if (kPerKTile && scales_per_item) {
       for (int kt = 0; kt < k_tiles; ++kt) copy_a_scale(kt, kt);
@@ -302,7 +307,7 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
       if (kt >= kStages) barrier_wait(&control.empty[s], (kt / kStages - 1) & 1);
       uint8_t* a_tile = ring + s * Tile::kStageBytes;
       uint8_t* b_tile = a_tile + Tile::kATileBytes;
-      const int k0 = kt * Op::kDepth;
+      const int k0 = (first_k_tile + kt) * Op::kDepth;
       if (thread == 0) {
         barrier_expect_bytes(&control.full[s], Tile::kBTileBytes);
         constexpr int kBoxRows = kGated ? Tile::kCols / 2 : Tile::kCols;
@@ -385,7 +390,6 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
     if (slot >= group_end) continue;
     float a_scale = 1.0f;
     if constexpr (kScales == Scales::kEpilogue) a_scale = a_scales.scales[scale_index(a_scales, a_row(row), group)];
-    uint16_t* c_row = groups.c + static_cast<int64_t>(slot) * groups.c_stride;
 #pragma unroll
     for (int j = 0; j < kOutBlocks; ++j) {
       const int64_t col = first_col + j * 8 + (lane % 4) * 2;
@@ -403,8 +407,10 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
       }
       if constexpr (kGated) {
         value[0] = activate(activation, value[0]) * up[0], value[1] = activate(activation, value[1]) * up[1];
+        store_pair(groups.c + static_cast<int64_t>(slot) * groups.c_stride + col, value[0], value[1]);
+      } else {
+        store_outputs(groups, static_cast<int>(blockIdx.y), slot, col, value[0], value[1]);
       }
-      store_pair(c_row + col, value[0], value[1]);
       if constexpr (kQuantizes)
         for (int e = 0; e < 2; ++e) outputs[h][j][e] = __bfloat162float(__float2bfloat16_rn(value[e]));
     }
@@ -482,7 +488,8 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
   if (paired && groups.quantize.group != Tile::kCols) return cudaErrorInvalidValue;  // a pair's columns are one group
   const int64_t ctas = max_tiles * specialized_column_tiles<kFp8, kGated>(groups);
   if (ctas > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
-  return launch_kernel_in_clusters(Start::kEarly, paired ? 2 : 1, kernel, dim3(static_cast<unsigned>(ctas)),
+  return launch_kernel_in_clusters(Start::kEarly, paired ? 2 : 1, kernel,
+                                   dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(groups.k_splits)),
                                    dim3(Tile::kThreads), kSharedBytes, stream, routed, shared, groups, layout,
                                    activation);
 }
@@ -491,7 +498,7 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
 
 cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
                                     Activation activation, cudaStream_t stream) {
-  if (groups.k_splits != 1) return cudaErrorInvalidValue;  // split K is the decode tile's
+  if (gated && groups.k_splits != 1) return cudaErrorInvalidValue;  // GEMM1 writes whole rows
   auto with_scales = [&]<bool kFp8, Scales kScales>() {
     return gated ? launch_specialized<kFp8, true, kScales>(groups, layout, max_tiles, activation, stream)
                  : launch_specialized<kFp8, false, kScales>(groups, layout, max_tiles, activation, stream);

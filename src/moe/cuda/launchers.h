@@ -116,13 +116,15 @@ struct GemmGroups {
 cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
                          Activation activation, int tile_rows, cudaStream_t stream);
 // grouped_gemm_specialized.cu: the same GEMM on the warp-specialised 128-row tile (TMA for
-// B), which launch_grouped_gemm takes for tile_rows = 128; no split K.
+// B), which launch_grouped_gemm takes for tile_rows = 128; split K for GEMM2 (not gated).
 cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
                                     Activation activation, cudaStream_t stream);
 // The tile height launch_grouped_gemm works best with for groups of this many rows.
 int choose_tile_rows(int64_t rows_per_group);
-// How many ways to split K so that a small grid (decode: few experts, few tiles) still
-// gives every SM two CTAs of weights to stream; 1 unless the decode tile is in use.
+// How many ways GEMM2 splits K: where its CTAs (expected_row_tiles x the column tiles of
+// n) fill less than one wave of the CTAs the SMs hold at once (few experts, few tiles, at
+// any tile height), as many as keep it within that wave; each split keeps at least four
+// bf16 K tiles.
 inline constexpr int kMaxKSplits = 8;
 int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_t k);
 
