@@ -10,8 +10,8 @@
 // on it: a GEMM row's result does not depend on which rows share its tile, and the combine
 // reads each pair's slot in the fixed order j = 0..k-1, so the output is bitwise the same.
 // The shared experts, when present, are the last group: slot offset + t for token t.
-// One block reads the T*k ids twice: ~3 us at decode, tens of us at 16k tokens (beside
-// milliseconds of GEMM); one launch instead of four keeps the decode chain short.
+// One block reads the T*k ids twice: ~3 us at decode, ~100 us at 16k tokens before the
+// loads were batched (for_each_pair); one launch instead of four keeps the decode chain short.
 #include <algorithm>
 
 #include "launch.cuh"
@@ -28,6 +28,26 @@ __device__ int local_group(int32_t id, const int32_t* expert_map, int num_expert
   return expert_map ? expert_map[id] : id;
 }
 
+// Calls visit(p, group of pair p) for this thread's pairs. Each thread loads kBatch ids (and
+// then their map entries) before it visits any: one block walks all T k pairs, so the loads'
+// latency, not bandwidth, bounds it (a load at a time: ~100 us for 131k pairs).
+constexpr int kBatch = 8;
+template <typename Visit>
+__device__ void for_each_pair(const int32_t* topk_ids, const int32_t* expert_map, int64_t pairs, int num_experts,
+                              Visit visit) {
+  for (int64_t base = threadIdx.x; base < pairs; base += int64_t{kThreads} * kBatch) {
+    int32_t ids[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) ids[i] = base + i * kThreads < pairs ? topk_ids[base + i * kThreads] : -1;
+    int groups[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) groups[i] = local_group(ids[i], expert_map, num_experts);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (base + i * kThreads < pairs) visit(base + i * kThreads, groups[i]);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     sort_pairs_kernel(const int32_t* topk_ids, const int32_t* expert_map, int64_t pairs, int top_k, int num_experts,
                       int64_t tokens, int groups, int shared_group, TilePlan plan, PairLayout layout) {
@@ -42,10 +62,9 @@ __global__ void __launch_bounds__(kThreads)
   wait_for_predecessor();
   // After the wait: the previous call's GEMM1 has finished with the counters.
   for (int64_t i = threadIdx.x; i < layout.arrival_count; i += kThreads) layout.arrivals[i] = 0;
-  for (int64_t p = threadIdx.x; p < pairs; p += kThreads) {
-    const int group = local_group(topk_ids[p], expert_map, num_experts);
+  for_each_pair(topk_ids, expert_map, pairs, num_experts, [&](int64_t, int group) {
     if (group >= 0) atomicAdd(&cursor[group], 1);
-  }
+  });
   if (threadIdx.x == 0 && shared_group >= 0) cursor[shared_group] = static_cast<int32_t>(tokens);
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -81,15 +100,14 @@ __global__ void __launch_bounds__(kThreads)
   if (shared_group >= 0)
     for (int64_t t = threadIdx.x; t < tokens; t += kThreads)
       layout.slot_token[cursor[shared_group] + t] = static_cast<int32_t>(t);
-  for (int64_t p = threadIdx.x; p < pairs; p += kThreads) {
-    const int group = local_group(topk_ids[p], expert_map, num_experts);
+  for_each_pair(topk_ids, expert_map, pairs, num_experts, [&](int64_t p, int group) {
     int32_t slot = -1;
     if (group >= 0) {
       slot = atomicAdd(&cursor[group], 1);
       layout.slot_token[slot] = static_cast<int32_t>(p / top_k);
     }
     layout.slot_of_pair[p] = slot;
-  }
+  });
 }
 
 }  // namespace
