@@ -128,18 +128,6 @@ __device__ inline void store_pair(uint16_t* destination, float first, float seco
   *reinterpret_cast<__nv_bfloat162*>(destination) = packed;
 }
 
-// GEMM2's store of two neighbouring outputs (slot, col), (slot, col + 1): bf16 into c, or
-// under split K the f32 partial sums of split `split` into c_partial (the combine adds them).
-__device__ inline void store_outputs(const GemmGroups& groups, int split, int64_t slot, int64_t col, float first,
-                                     float second) {
-  if (groups.c_partial) {
-    float* partial = groups.c_partial + split * groups.partial_stride + slot * groups.c_stride + col;
-    *reinterpret_cast<float2*>(partial) = make_float2(first, second);
-  } else {
-    store_pair(groups.c + slot * groups.c_stride + col, first, second);
-  }
-}
-
 // The output columns the grid covers: the wider of the routed and the shared experts'.
 __host__ __device__ inline int64_t column_extent(const GemmGroups& groups, bool gated) {
   return (groups.n > groups.n_shared ? groups.n : groups.n_shared) / (gated ? 2 : 1);

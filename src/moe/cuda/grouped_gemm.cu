@@ -396,7 +396,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
             store_pair(c_row + col, activate(activation, v[0]) * up[0], activate(activation, v[1]) * up[1]);
         } else {
           const int64_t col = first_col + warp_col + ni * 8 + (lane % 4) * 2;
-          if (col < out_cols) store_outputs(groups, static_cast<int>(blockIdx.z), slot, col, v[0], v[1]);
+          if (col >= out_cols) continue;
+          if (groups.c_partial) {  // split K: f32 partial sums, added up by the combine
+            float* partial = groups.c_partial + blockIdx.z * groups.partial_stride + slot * groups.c_stride + col;
+            *reinterpret_cast<float2*>(partial) = make_float2(v[0], v[1]);
+          } else {
+            store_pair(c_row + col, v[0], v[1]);
+          }
         }
       }
     }
