@@ -391,8 +391,7 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   float outputs[2][kQuantizes ? kOutBlocks : 1][2] = {};
   // Writes the tile below `out`: bf16 c, or split K's f32 partial sums of this split. Chosen
   // once for the tile, with one row pointer per row, so each store is a predicated STG at a
-  // constant offset (an address computed per store, behind a branch, made the bf16 layer 5%
-  // slower: deepseek-v3 and mixtral-8x7b at ep=1).
+  // constant offset, not an address computed per store behind a branch.
   auto write_tile = [&](auto* out) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
