@@ -1,7 +1,7 @@
 // The CUDA operator against the CPU operator on fresh random data: every preset's routing
 // at reduced sizes and at full hidden sizes, T in {1, 7, 64, 1000}, one rank of eight and a
 // single rank, bf16 and the three fp8 schemes (against the CPU operator, which quantises
-// activations as the GPU does: 3e-2); outputs poisoned with NaN before each run; bitwise
+// activations as the GPU does: 3e-2 over at least 16 token rows); outputs poisoned with NaN before each run; bitwise
 // repeatable; skewed routing; and a CUDA graph captured once and replayed on new inputs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -85,29 +85,46 @@ struct GpuRun {
   }
 };
 
-void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, const std::string& what,
-                  double tolerance = 1e-2) {
+// Every element written and NaN-free; where the CPU output is all zero (a rank whose experts
+// received no token), the GPU's is exactly zero. Returns whether the relative error means
+// anything (the CPU output is not all zero).
+bool expect_written(const std::vector<double>& gpu, const std::vector<double>& cpu, const std::string& what) {
   size_t unwritten = 0;
   for (double v : gpu) unwritten += std::isnan(v);
   EXPECT_EQ(unwritten, 0u) << what << ": output elements left unwritten (or NaN)";
   double norm = 0;
   for (double v : cpu) norm += v * v;
-  if (norm == 0) {  // a rank whose experts received no token: its share is exactly zero
-    for (double v : gpu) ASSERT_EQ(v, 0.0) << what;
-    return;
+  if (norm == 0) {
+    for (double v : gpu) EXPECT_EQ(v, 0.0) << what;
+    return false;
   }
-  EXPECT_LT(relative_error(gpu, cpu), tolerance) << what;
+  return true;
+}
+
+void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, const std::string& what,
+                  double tolerance = 1e-2) {
+  if (expect_written(gpu, cpu, what)) EXPECT_LT(relative_error(gpu, cpu), tolerance) << what;
+}
+
+// The GPU output of `host` (poisoned before the run) and the CPU operator's.
+struct Outputs {
+  std::vector<double> gpu, cpu;
+};
+Outputs run_both(const MoeCase& host) {
+  Result<DeviceCase> device = upload(host);
+  EXPECT_TRUE(device.ok()) << device.status().message();
+  if (!device.ok()) return {};
+  GpuRun gpu(device.value());
+  const Status status = gpu.run(device.value());
+  EXPECT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return {gpu.result(), cpu_output(host)};
 }
 
 // Runs `host` on the GPU (output poisoned) and on the CPU, and compares the two.
 void expect_gpu_matches_cpu(const MoeCase& host, const std::string& what, double tolerance) {
-  Result<DeviceCase> device = upload(host);
-  ASSERT_TRUE(device.ok()) << device.status().message();
-  GpuRun gpu(device.value());
-  const Status status = gpu.run(device.value());
-  ASSERT_TRUE(status.ok()) << status.message();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  expect_close(gpu.result(), cpu_output(host), what, tolerance);
+  const Outputs outputs = run_both(host);
+  expect_close(outputs.gpu, outputs.cpu, what, tolerance);
 }
 
 // The same for the random case `options` describes (its seed named on failure).
@@ -165,16 +182,34 @@ struct Fp8Case {
 
 class GpuFp8VsCpu : public ::testing::TestWithParam<Fp8Case> {};
 
+// The relative error is measured over at least 16 token rows: for T = 1 and 7, over that
+// many fresh draws together (each draw's every element still checked written). One token's
+// output hangs on a few hundred e4m3 codes of its intermediate, and the two operators' bf16
+// intermediates can fall on either side of an e4m3 rounding midpoint (the tensor cores sum
+// a K tile in less than f32 precision before the promotion); one code flipped at a row's
+// largest element moves that token's output by 3-4%. Measured on the H200: 5 of about 4000
+// single runs at T = 1 or 7 over 3e-2 (at most 0.040), on 0500f47 and 1972103 alike.
 TEST_P(GpuFp8VsCpu, MatchesCpuOperatorAndWritesEveryElement) {
   const Fp8Case c = GetParam();
   const ModelPreset& preset = *find_preset(c.preset);
+  const int64_t draws = (16 + c.tokens - 1) / c.tokens;
   for (int rank : c.ranks == 1 ? std::vector<int>{0} : std::vector<int>{0, c.ranks - 1}) {
-    RandomCaseOptions options = preset_options(preset, c.tokens, false, c.ranks, rank);
-    options.spec.quant.scheme = c.scheme;
-    options.intermediate = 256;  // fp8_block: I divisible by 128
-    options.static_activation_scales = c.static_scales;
-    expect_gpu_matches_cpu(options, c.preset + " " + std::string(quant_scheme_name(c.scheme)) + " rank " +
-                                        std::to_string(rank), 3e-2);
+    const std::string what = c.preset + " " + std::string(quant_scheme_name(c.scheme)) + " rank " + std::to_string(rank);
+    Outputs pooled;
+    std::string seeds;
+    for (int64_t draw = 0; draw < draws; ++draw) {
+      RandomCaseOptions options = preset_options(preset, c.tokens, false, c.ranks, rank);
+      options.spec.quant.scheme = c.scheme;
+      options.intermediate = 256;  // fp8_block: I divisible by 128
+      options.static_activation_scales = c.static_scales;
+      seeds += " " + std::to_string(options.seed);
+      const Outputs outputs = run_both(host_case(options));
+      if (!expect_written(outputs.gpu, outputs.cpu, what + " seed " + std::to_string(options.seed))) continue;
+      pooled.gpu.insert(pooled.gpu.end(), outputs.gpu.begin(), outputs.gpu.end());
+      pooled.cpu.insert(pooled.cpu.end(), outputs.cpu.begin(), outputs.cpu.end());
+    }
+    if (!pooled.cpu.empty())
+      EXPECT_LT(relative_error(pooled.gpu, pooled.cpu), 3e-2) << what << ", seeds" << seeds;
   }
 }
 
