@@ -95,6 +95,24 @@ TEST(Routing, GroupedTopk_BiasChangesChoiceNotWeight) {
   EXPECT_NEAR(r.weights[1], 1.25, 1e-6);
 }
 
+TEST(Routing, GroupedTopkCountsNanAsMinusInfinityInGroupScores) {
+  const RoutingSpec spec{.kind = RoutingKind::kGroupedTopk, .num_experts = 8, .top_k = 2,
+                         .score_func = ScoreFunc::kSigmoid, .n_group = 4, .topk_group = 2};
+  // NaN logits count as -inf, in group scores too (GPU routing does the same).
+  // With a bias the groups score the sum of their best two: g0 = -inf + s(1) = -inf, g1 =
+  // 2 s(0.5), g2 = s(2) + -inf = -inf, g3 = 2 s(-1). g1 and g3 stay; experts 2 and 3 tie,
+  // the lower index first.
+  const Routed r = route(spec, {NAN, 1, 0.5f, 0.5f, 2, NAN, -1, -1}, std::vector<float>(8, 0.0f));
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 3}));
+  EXPECT_NEAR(r.weights[0], sigmoid(0.5), 1e-6);
+  EXPECT_NEAR(r.weights[1], sigmoid(0.5), 1e-6);
+  // Without a bias a group scores its best: g0's is s(3) beside its NaN, the best of all.
+  const Routed v2 = route(spec, {NAN, 3, 0.5f, 0.5f, 0, 0, -1, -1});
+  EXPECT_EQ(v2.ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_NEAR(v2.weights[0], sigmoid(3), 1e-6);
+  EXPECT_NEAR(v2.weights[1], sigmoid(0.5), 1e-6);
+}
+
 TEST(Routing, GroupedTopkSoftmaxScoresHandComputed) {
   const RoutingSpec spec{.kind = RoutingKind::kGroupedTopk, .num_experts = 4, .top_k = 1,
                          .score_func = ScoreFunc::kSoftmax, .n_group = 2, .topk_group = 1};

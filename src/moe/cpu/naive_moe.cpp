@@ -95,6 +95,8 @@ std::vector<std::pair<int, double>> route_token(const MoeSpec& spec, const MoeIn
     std::vector<double> group_score(r.n_group);
     for (int g = 0; g < r.n_group; ++g) {
       std::vector<double> members(selection.begin() + g * size, selection.begin() + (g + 1) * size);
+      for (double& member : members)  // NaN counts as -inf (and would break the sort's order)
+        if (std::isnan(member)) member = -std::numeric_limits<double>::infinity();
       std::sort(members.rbegin(), members.rend());
       group_score[g] = inputs.correction_bias ? members[0] + members[1] : members[0];
     }

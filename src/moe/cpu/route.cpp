@@ -49,6 +49,9 @@ void grouped_select(const RoutingSpec& spec, bool has_bias, std::vector<float>& 
   for (int g = 0; g < spec.n_group; ++g) {
     std::vector<float> members(selection.begin() + g * group_size,
                                selection.begin() + (g + 1) * group_size);
+    // NaN counts as -inf here too (and std::sort needs an order NaN would break).
+    for (float& member : members)
+      if (std::isnan(member)) member = -INFINITY;
     std::sort(members.begin(), members.end(), std::greater<>());
     group_scores[g] = has_bias ? members[0] + members[1] : members[0];
   }
