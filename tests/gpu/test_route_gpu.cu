@@ -1,7 +1,6 @@
 // Routing alone (route_cuda) against the CPU router (route_cpu) on fresh random logits:
-// the same experts in the same order and the same weights, for every routing kind and the
-// lane layouts of the kernel (E up to 128, 256 and 1024 experts a warp), f32 and bf16
-// logits. The logits lie on a coarse grid, so ties are common and near-ties absent: a tie
+// the same experts in the same order and the same weights, for every routing kind at
+// expert counts from 8 to 1024 (each lane layout of the kernel), f32 and bf16 logits. The logits lie on a coarse grid, so ties are common and near-ties absent: a tie
 // goes to the lower index on both, and no ulp of difference in a score can reorder two
 // experts. Some tokens carry NaN logits (ordered as -inf on both). Outputs are poisoned.
 #include <cuda_runtime.h>
@@ -122,6 +121,9 @@ INSTANTIATE_TEST_SUITE_P(
                       RouteCase{"grouped_v3_bias_bf16", grouped(256, 8, ScoreFunc::kSigmoid, 8, 4, true, 2.5f), true,
                                 true},
                       RouteCase{"grouped_v2_softmax", grouped(160, 6, ScoreFunc::kSoftmax, 8, 3, false, 16.0f), false,
+                                false},
+                      RouteCase{"grouped_64_experts", grouped(64, 6, ScoreFunc::kSigmoid, 8, 3, true, 1.5f), true, false},
+                      RouteCase{"grouped_32_experts", grouped(32, 4, ScoreFunc::kSoftmax, 4, 2, false, 1.0f), false,
                                 false},
                       RouteCase{"softmax_topk_1024_experts", routing(RoutingKind::kSoftmaxTopk, 1024, 32, true), false,
                                 false}),
