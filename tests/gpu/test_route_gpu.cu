@@ -1,8 +1,9 @@
 // Routing alone (route_cuda) against the CPU router (route_cpu) on fresh random logits:
 // the same experts in the same order and the same weights, for every routing kind at
-// expert counts from 8 to 1024 (each lane layout of the kernel), f32 and bf16 logits. The logits lie on a coarse grid, so ties are common and near-ties absent: a tie
-// goes to the lower index on both, and no ulp of difference in a score can reorder two
-// experts. Some tokens carry NaN logits (ordered as -inf on both). Outputs are poisoned.
+// expert counts from 8 to 1024 (each lane layout of the kernel), f32 and bf16 logits. The
+// logits lie on a coarse grid, so ties are common and near-ties absent: a tie goes to the
+// lower index on both, and no ulp of difference in a score can reorder two experts. Some
+// tokens carry NaN logits (ordered as -inf on both). Outputs are poisoned.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
