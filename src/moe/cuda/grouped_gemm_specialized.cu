@@ -157,11 +157,14 @@ template <bool kFp8, bool kGated>
 __host__ __device__ bool pairs_column_tiles(const GemmGroups& groups) {
   return kFp8 && kGated && groups.quantize.codes && groups.quantize.granularity == Fp8Granularity::kPerGroup;
 }
+// Output columns of a column tile (gated: half its B rows are gate, half up).
+template <bool kFp8, bool kGated>
+inline constexpr int kSpecializedOutCols = kGated ? SpecializedTile<kFp8>::kCols / 2 : SpecializedTile<kFp8>::kCols;
 // Column tiles per row tile in the grid: over the wider group's output columns, an even
 // count when they are paired.
 template <bool kFp8, bool kGated>
 __host__ __device__ int64_t specialized_column_tiles(const GemmGroups& groups) {
-  const int64_t cols_per_tile = kGated ? SpecializedTile<kFp8>::kCols / 2 : SpecializedTile<kFp8>::kCols;
+  constexpr int64_t cols_per_tile = kSpecializedOutCols<kFp8, kGated>;
   const int64_t tiles = (column_extent(groups, kGated) + cols_per_tile - 1) / cols_per_tile;
   return pairs_column_tiles<kFp8, kGated>(groups) ? (tiles + 1) / 2 * 2 : tiles;
 }
@@ -235,7 +238,7 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   auto& control = *reinterpret_cast<StageControl<kStages, kScaleSlots>*>(ring + kStages * Tile::kStageBytes);
   allow_successor();
   wait_for_predecessor();
-  const int64_t cols_per_tile = kGated ? Tile::kCols / 2 : Tile::kCols;
+  constexpr int64_t cols_per_tile = kSpecializedOutCols<kFp8, kGated>;
   const int64_t column_tiles = specialized_column_tiles<kFp8, kGated>(groups);
   const int tile = static_cast<int>(blockIdx.x / column_tiles);
   if (tile >= *layout.tile_count) return;
