@@ -12,13 +12,15 @@ namespace epmoe {
 
 namespace {
 
-// The indices of the k best scores, best first (NaN counts as -inf).
+// What a selection orders by: the score, NaN as -inf.
+float order_value(float score) { return std::isnan(score) ? -INFINITY : score; }
+
+// The indices of the k best scores, best first.
 void select_top(const std::vector<float>& scores, int k, std::vector<int>& chosen) {
   chosen.resize(scores.size());
   std::iota(chosen.begin(), chosen.end(), 0);
   auto better = [&](int a, int b) {
-    const float sa = std::isnan(scores[a]) ? -INFINITY : scores[a];
-    const float sb = std::isnan(scores[b]) ? -INFINITY : scores[b];
+    const float sa = order_value(scores[a]), sb = order_value(scores[b]);
     return sa > sb || (sa == sb && a < b);
   };
   std::partial_sort(chosen.begin(), chosen.begin() + k, chosen.end(), better);
@@ -49,9 +51,8 @@ void grouped_select(const RoutingSpec& spec, bool has_bias, std::vector<float>& 
   for (int g = 0; g < spec.n_group; ++g) {
     std::vector<float> members(selection.begin() + g * group_size,
                                selection.begin() + (g + 1) * group_size);
-    // NaN counts as -inf here too (and std::sort needs an order NaN would break).
-    for (float& member : members)
-      if (std::isnan(member)) member = -INFINITY;
+    // (std::sort needs an order NaN would break)
+    for (float& member : members) member = order_value(member);
     std::sort(members.begin(), members.end(), std::greater<>());
     group_scores[g] = has_bias ? members[0] + members[1] : members[0];
   }
