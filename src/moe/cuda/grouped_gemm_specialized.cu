@@ -70,10 +70,11 @@ struct PairExchange {
   uint32_t amax[2][128];  // per tile row, as magnitude_bits
 };
 
-// fp8_block scales live in slots of shared memory: one per K tile of the work item where
-// they fit (all copied before the first stage lands, so no stage waits for the latency of
-// its 130 scattered 4-byte copies: 10% of the e4m3 tile's time at 16k tokens), else one per
-// stage of the ring, copied with the stage. As many slots as the shared memory leaves.
+// fp8_block scales live in slots of shared memory, as many as it leaves: the ring's stage
+// `it` (counted over all of a CTA's items) has slot it % slots. Where an item's K tiles fit
+// in the slots the stages still in the ring do not use, all its scales are copied before
+// its first stage lands, so no stage waits for the latency of its 130 scattered 4-byte
+// copies (10% of the e4m3 tile's time at 16k tokens); else each stage's with the stage.
 inline constexpr size_t kSharedBudget = 227 * 1024 - 1024 - 512;  // - ring alignment, - static shared
 template <bool kFp8>
 __host__ __device__ constexpr int scale_slots() {
