@@ -52,8 +52,9 @@ struct SpecializedTile {
   static constexpr int kProducerThreads = 128, kConsumerThreads = 256;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   // setmaxnreg: the producer gives registers to the consumers (their sum is what the
-  // launch bounds allot: 384 threads x 168).
-  static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+  // launch bounds allot: 384 threads x 168). The producer's 64 hold the item loop's state
+  // beside a stage's addresses (at 56 fp8_block GEMM1 spilled 28 bytes an item).
+  static constexpr int kProducerRegisters = 64, kConsumerRegisters = 216;
   static constexpr int kATileBytes = kRows * kRowBytes;
   static constexpr int kBTileBytes = kCols * kRowBytes;
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
@@ -177,17 +178,19 @@ __host__ __device__ int64_t specialized_column_tiles(const GemmGroups& groups) {
   return pairs_column_tiles<kFp8, kGated>(groups) ? (tiles + 1) / 2 * 2 : tiles;
 }
 
-// GEMM1's fused quantisation (EpilogueQuantize) from the registers: `outputs[h][j][e]` are
-// this thread's bf16 outputs as written (tile row rows[h], column first_col + 8 j + 2 (lane %
-// 4) + e). Per group of 128 columns a row's scale is that of its amax over this tile's
+// GEMM1's fused quantisation (EpilogueQuantize) from the registers: `outputs[j][2 h + e]`
+// for j < kBlocks are this thread's bf16 outputs as written (tile row rows[h], column
+// first_col + 8 j + 2 (lane % 4) + e), in the accumulator's registers the epilogue left
+// them in. Per group of 128 columns a row's scale is that of its amax over this tile's
 // columns and, where the partner of the pair has columns of the group (`exchange` not null),
 // over the partner's, which it sends: the item's exchange is the barrier's phase of
 // `parity`, armed by the thread with `arms` before it sends. Per tensor, the static scale.
 // Codes and scales come out bit for bit as quantize_held's.
-template <int kBlocks>
-__device__ void quantize_outputs(const EpilogueQuantize& q, const float (&outputs)[2][kBlocks][2], const int (&rows)[2],
+template <int kBlocks, int kAccBlocks>
+__device__ void quantize_outputs(const EpilogueQuantize& q, const float (&outputs)[kAccBlocks][4], const int (&rows)[2],
                                  int32_t first_slot, int32_t group_end, int64_t first_col, int64_t out_cols,
                                  int64_t stride, int lane, PairExchange* exchange, uint32_t parity, bool arms) {
+  static_assert(kBlocks <= kAccBlocks);
   const bool per_group = q.granularity == Fp8Granularity::kPerGroup;
   uint32_t amax[2] = {0, 0};
 #pragma unroll
@@ -196,7 +199,7 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
     for (int j = 0; j < kBlocks; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e)
-        if (first_col + j * 8 + (lane % 4) * 2 + e < out_cols) amax[h] = max(amax[h], magnitude_bits(outputs[h][j][e]));
+        if (first_col + j * 8 + (lane % 4) * 2 + e < out_cols) amax[h] = max(amax[h], magnitude_bits(outputs[j][2 * h + e]));
     // The row's other columns in this tile are in the lanes of the same lane / 4.
     amax[h] = max(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
     amax[h] = max(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
@@ -220,7 +223,7 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
       const int64_t col = first_col + j * 8 + (lane % 4) * 2;
       if (col >= out_cols) continue;
       *reinterpret_cast<uint16_t*>(codes + col) =
-          static_cast<uint16_t>(encode_e4m3(outputs[h][j][0], scale) | encode_e4m3(outputs[h][j][1], scale) << 8);
+          static_cast<uint16_t>(encode_e4m3(outputs[j][2 * h], scale) | encode_e4m3(outputs[j][2 * h + 1], scale) << 8);
     }
     if (per_group && lane % 4 == 0 && first_col % q.group == 0)
       q.scales[slot * ((stride + q.group - 1) / q.group) + first_col / q.group] = scale;
@@ -451,8 +454,9 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
     const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
     const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
     constexpr int kOutBlocks = kGated ? Tile::kMmaN / 2 : Tile::kMmaN;
-    constexpr bool kQuantizes = kGated && kFp8;  // GEMM1 of an fp8 scheme: its outputs stay for quantize_outputs
-    float outputs[2][kQuantizes ? kOutBlocks : 1][2] = {};
+    // GEMM1 of an fp8 scheme: its bf16 outputs stay for quantize_outputs, in the gate
+    // accumulators they were computed from (read once each, just before).
+    constexpr bool kQuantizes = kGated && kFp8;
     // Writes the tile below `out`: bf16 c, or split K's f32 partial sums of this split. Chosen
     // once for the tile, with one row pointer per row, so each store is a predicated STG at a
     // constant offset, not an address computed per store behind a branch.
@@ -490,7 +494,7 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
           else
             store_pair(out_row + col, value[0], value[1]);
           if constexpr (kQuantizes)
-            for (int e = 0; e < 2; ++e) outputs[h][j][e] = __bfloat162float(__float2bfloat16_rn(value[e]));
+            for (int e = 0; e < 2; ++e) acc[j][2 * h + e] = __bfloat162float(__float2bfloat16_rn(value[e]));
         }
       }
     };
@@ -503,7 +507,7 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
     if constexpr (kQuantizes) {
       static_assert(Tile::kCols == 128, "a pair of column tiles (kCols / 2 outputs each) is a group of 128 (GPU fp8_block)");
       if (groups.quantize.codes) {
-        quantize_outputs(groups.quantize, outputs, rows, first_slot, group_end, first_col, out_cols, groups.c_stride,
+        quantize_outputs<kOutBlocks>(groups.quantize, acc, rows, first_slot, group_end, first_col, out_cols, groups.c_stride,
                          lane, partner_has_columns ? &control.exchange : nullptr, exchanges & 1, thread == 0);
         exchanges += partner_has_columns ? 1 : 0;
       }
