@@ -613,8 +613,8 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
   if (resident_error != cudaSuccess) return resident_error;
   const int unit = paired ? 2 : 1;
   const int64_t items = max_tiles * specialized_column_tiles<kFp8, kGated>(groups);
+  if (items > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;  // the kernel counts them in int
   const int64_t ctas = std::min(items, std::max<int64_t>(resident_count / groups.k_splits, unit)) / unit * unit;
-  if (ctas > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
   return launch_kernel_in_clusters(Start::kEarly, paired ? 2 : 1, kernel,
                                    dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(groups.k_splits)),
                                    dim3(Tile::kThreads), kSharedBytes, stream, routed, shared, groups, layout,
