@@ -61,6 +61,7 @@ struct FusedCase {
   cuda::Fp8Granularity granularity;
   int64_t tokens;
   int tile_rows;  // the tile these tokens take: 16 (decode), 64 (medium) or 128 (specialised)
+  bool more_items_than_ctas = false;  // specialised: persistent CTAs walk several work items each
 };
 
 class FusedQuantize : public ::testing::TestWithParam<FusedCase> {};
@@ -147,6 +148,13 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   ASSERT_EQ(cuda::launch_grouped_gemm(gemm, layout, max_tiles, /*gated=*/true, Activation::kSilu, tile_rows, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (c.more_items_than_ctas) {
+    int multiprocessors = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    const int64_t column_tiles = ((kIntermediate + 63) / 64 + 1) / 2 * 2;  // gated e4m3: 64 outputs a tile, paired
+    ASSERT_GT(download(layout.tile_count, 1)[0] * column_tiles, multiprocessors)
+        << "the case no longer has more work items than the GPU holds CTAs";
+  }
 
   // The quantisation pass over the same bf16 output, into its own poisoned buffers.
   cuda::Fp8Quantize pass{gemm.c, upload_vector(std::vector<uint8_t>(slots * widest, 0xaa), storage),
@@ -195,7 +203,12 @@ INSTANTIATE_TEST_SUITE_P(
                       FusedCase{"per_group_specialized_tile", cuda::Fp8Granularity::kPerGroup, 400, 128},
                       FusedCase{"static_per_tensor_decode_tile", cuda::Fp8Granularity::kPerTensor, 3, 16},
                       FusedCase{"static_per_tensor_medium_tile", cuda::Fp8Granularity::kPerTensor, 60, 64},
-                      FusedCase{"static_per_tensor_specialized_tile", cuda::Fp8Granularity::kPerTensor, 400, 128}),
+                      FusedCase{"static_per_tensor_specialized_tile", cuda::Fp8Granularity::kPerTensor, 400, 128},
+                      // More work items than the GPU holds CTAs: each persistent CTA (pair)
+                      // walks several, the exchange's two buffers in turn.
+                      FusedCase{"per_group_specialized_tile_many_items", cuda::Fp8Granularity::kPerGroup, 1200, 128, true},
+                      FusedCase{"static_per_tensor_specialized_tile_many_items", cuda::Fp8Granularity::kPerTensor,
+                                1200, 128, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

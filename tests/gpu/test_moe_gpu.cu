@@ -275,6 +275,26 @@ TEST(GpuMoe, Gemm2SplitsKOnTheMediumAndSpecialisedTiles) {
     }
 }
 
+// The specialised tile's persistent CTAs walking many work items each, in both GEMMs:
+// deepseek-v3's routing at reduced sizes with 4096 tokens (128 rows an expert: hundreds of
+// row tiles against the GPU's CTAs), bf16 and the fp8 schemes with scales along K and in
+// the epilogue. (More K tiles than the scale slots hold up front: SharedExpertsOnTheir
+// OwnTileListBesideSplitKRoutedTiles.)
+TEST(GpuMoe, SpecializedTileWalksManyItemsPerCta) {
+  for (QuantScheme scheme : {QuantScheme::kBf16, QuantScheme::kFp8Block, QuantScheme::kFp8Channel}) {
+    RandomCaseOptions options = preset_options(*find_preset("deepseek-v3"), 4096, false, 1, 0);
+    options.spec.quant.scheme = scheme;
+    options.intermediate = 256;  // fp8_block: I divisible by 128
+    const cuda::TilePlan plan = cuda::plan_tiles(4096, 8, 256, 256, options.shared_intermediate, options.hidden,
+                                                 options.intermediate);
+    ASSERT_EQ(plan.tile_rows, 128) << "the case no longer covers what it names";
+    int multiprocessors = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    ASSERT_GT(4096 * 8 / 128, 2 * multiprocessors) << "row tiles alone exceed the CTAs";
+    expect_gpu_matches_cpu(options, std::string(quant_scheme_name(scheme)), is_fp8(scheme) ? 3e-2 : 1e-2);
+  }
+}
+
 TEST(GpuMoe, Fp8BlockAtFullHiddenSize) {
   for (const char* name : {"deepseek-v3", "qwen3-235b-a22b"}) {
     RandomCaseOptions options = preset_options(*find_preset(name), 7, true, 8, 0);

@@ -1,10 +1,14 @@
 // The grouped GEMM's 128-row tile, for the sizes where the tensor cores are the bound
 // (hundreds of rows per expert and more): warp-specialised, after DeepGEMM's layout.
 //
-// Work: a CTA per (row tile of PairLayout, column tile), column tiles fastest: the CTAs
-// running at once share a few row tiles, so each A row tile is read from HBM about once
-// (rows fastest re-read all of A once per column tile: 3.7 GB for GEMM1 of deepseek-v3 at
-// 16k tokens). Row tiles past tile_count exit at once. The operands are grouped_gemm.cu's:
+// Work: items (row tile of PairLayout, column tile), column tiles fastest: the items running
+// at once share a few row tiles, so each A row tile is read from HBM about once (rows
+// fastest re-read all of A once per column tile: 3.7 GB for GEMM1 of deepseek-v3 at 16k
+// tokens). Persistent CTAs, as many as the GPU holds, walk the items the sort made; the
+// ring and its barriers run on from item to item, so the producer fills the next item's
+// stages while the consumers write this one's outputs (one CTA per possible item, most of
+// them exiting at once, cost 2-7% of the fp8 layer at 16k tokens, and every item paid its
+// ring's fill and its epilogue in series). The operands are grouped_gemm.cu's:
 // A rows [*, K] gathered per slot (K-major), B_g = [N, K] K-major, f32 accumulation, the
 // gated activation and GEMM1's fp8 quantisation fused into the epilogue.
 // Threads: three warpgroups. The producer (warpgroup 0, few registers) fills a ring of
@@ -30,6 +34,7 @@
 
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "gemm_tiles.cuh"
 #include "launch.cuh"
@@ -47,8 +52,9 @@ struct SpecializedTile {
   static constexpr int kProducerThreads = 128, kConsumerThreads = 256;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   // setmaxnreg: the producer gives registers to the consumers (their sum is what the
-  // launch bounds allot: 384 threads x 168).
-  static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+  // launch bounds allot: 384 threads x 168). The producer's 64 hold the item loop's state
+  // beside a stage's addresses (at 56 fp8_block GEMM1 spilled 28 bytes an item).
+  static constexpr int kProducerRegisters = 64, kConsumerRegisters = 216;
   static constexpr int kATileBytes = kRows * kRowBytes;
   static constexpr int kBTileBytes = kCols * kRowBytes;
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
@@ -57,16 +63,19 @@ struct SpecializedTile {
   static_assert(kRows == kProducerThreads, "a producer thread stages one row's fp8 scale");
 };
 
-// What the partner CTA of a pair of column tiles sends: its rows' amax over its columns.
+// What the partner CTA of a pair of column tiles sends, per work item: its rows' amax over
+// its columns. Two buffers, by the parity of the items exchanged so far: the partner may send
+// the next item's while this CTA still reads these.
 struct PairExchange {
-  uint64_t landed;      // all 128 values arrived (transaction bytes)
-  uint32_t amax[128];   // per tile row, as magnitude_bits
+  uint64_t landed;        // all 128 values of the item arrived (transaction bytes)
+  uint32_t amax[2][128];  // per tile row, as magnitude_bits
 };
 
-// fp8_block scales live in slots of shared memory: one per K tile of the work item where
-// they fit (all copied before the first stage lands, so no stage waits for the latency of
-// its 130 scattered 4-byte copies: 10% of the e4m3 tile's time at 16k tokens), else one per
-// stage of the ring, copied with the stage. As many slots as the shared memory leaves.
+// fp8_block scales live in slots of shared memory, as many as it leaves: the ring's stage
+// `it` (counted over all of a CTA's items) has slot it % slots. Where an item's K tiles fit
+// in the slots the stages still in the ring do not use, all its scales are copied before
+// its first stage lands, so no stage waits for the latency of its 130 scattered 4-byte
+// copies (10% of the e4m3 tile's time at 16k tokens); else each stage's with the stage.
 inline constexpr size_t kSharedBudget = 227 * 1024 - 1024 - 512;  // - ring alignment, - static shared
 template <bool kFp8>
 __host__ __device__ constexpr int scale_slots() {
@@ -169,16 +178,19 @@ __host__ __device__ int64_t specialized_column_tiles(const GemmGroups& groups) {
   return pairs_column_tiles<kFp8, kGated>(groups) ? (tiles + 1) / 2 * 2 : tiles;
 }
 
-// GEMM1's fused quantisation (EpilogueQuantize) from the registers: `outputs[h][j][e]` are
-// this thread's bf16 outputs as written (tile row rows[h], column first_col + 8 j + 2 (lane %
-// 4) + e). Per group of 128 columns a row's scale is that of its amax over this tile's
+// GEMM1's fused quantisation (EpilogueQuantize) from the registers: `outputs[j][2 h + e]`
+// for j < kBlocks are this thread's bf16 outputs as written (tile row rows[h], column
+// first_col + 8 j + 2 (lane % 4) + e), in the accumulator's registers the epilogue left
+// them in. Per group of 128 columns a row's scale is that of its amax over this tile's
 // columns and, where the partner of the pair has columns of the group (`exchange` not null),
-// over the partner's, which it sends; per tensor, the static scale. Codes and scales come out
-// bit for bit as quantize_held's.
-template <int kBlocks>
-__device__ void quantize_outputs(const EpilogueQuantize& q, const float (&outputs)[2][kBlocks][2], const int (&rows)[2],
+// over the partner's, which it sends: the item's exchange is the barrier's phase of
+// `parity`, armed by the thread with `arms` before it sends. Per tensor, the static scale.
+// Codes and scales come out bit for bit as quantize_held's.
+template <int kBlocks, int kAccBlocks>
+__device__ void quantize_outputs(const EpilogueQuantize& q, const float (&outputs)[kAccBlocks][4], const int (&rows)[2],
                                  int32_t first_slot, int32_t group_end, int64_t first_col, int64_t out_cols,
-                                 int64_t stride, int lane, PairExchange* exchange) {
+                                 int64_t stride, int lane, PairExchange* exchange, uint32_t parity, bool arms) {
+  static_assert(kBlocks <= kAccBlocks);
   const bool per_group = q.granularity == Fp8Granularity::kPerGroup;
   uint32_t amax[2] = {0, 0};
 #pragma unroll
@@ -187,17 +199,17 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
     for (int j = 0; j < kBlocks; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e)
-        if (first_col + j * 8 + (lane % 4) * 2 + e < out_cols) amax[h] = max(amax[h], magnitude_bits(outputs[h][j][e]));
+        if (first_col + j * 8 + (lane % 4) * 2 + e < out_cols) amax[h] = max(amax[h], magnitude_bits(outputs[j][2 * h + e]));
     // The row's other columns in this tile are in the lanes of the same lane / 4.
     amax[h] = max(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
     amax[h] = max(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
   }
   if (exchange) {
-    cluster_wait();  // the partner has set up its exchange barrier
+    if (arms) barrier_expect_bytes(&exchange->landed, sizeof(exchange->amax[0]));
     if (lane % 4 == 0)
-      for (int h = 0; h < 2; ++h) send_to_partner(&exchange->amax[rows[h]], &exchange->landed, amax[h]);
-    barrier_wait(&exchange->landed, 0);
-    for (int h = 0; h < 2; ++h) amax[h] = max(amax[h], exchange->amax[rows[h]]);
+      for (int h = 0; h < 2; ++h) send_to_partner(&exchange->amax[parity][rows[h]], &exchange->landed, amax[h]);
+    barrier_wait(&exchange->landed, parity);
+    for (int h = 0; h < 2; ++h) amax[h] = max(amax[h], exchange->amax[parity][rows[h]]);
   }
   const float static_scale = per_group ? 0.0f : *q.static_scale;
 #pragma unroll
@@ -211,7 +223,7 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
       const int64_t col = first_col + j * 8 + (lane % 4) * 2;
       if (col >= out_cols) continue;
       *reinterpret_cast<uint16_t*>(codes + col) =
-          static_cast<uint16_t>(encode_e4m3(outputs[h][j][0], scale) | encode_e4m3(outputs[h][j][1], scale) << 8);
+          static_cast<uint16_t>(encode_e4m3(outputs[j][2 * h], scale) | encode_e4m3(outputs[j][2 * h + 1], scale) << 8);
     }
     if (per_group && lane % 4 == 0 && first_col % q.group == 0)
       q.scales[slot * ((stride + q.group - 1) / q.group) + first_col / q.group] = scale;
@@ -240,104 +252,139 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   wait_for_predecessor();
   constexpr int64_t cols_per_tile = kSpecializedOutCols<kFp8, kGated>;
   const int64_t column_tiles = specialized_column_tiles<kFp8, kGated>(groups);
-  const int tile = static_cast<int>(blockIdx.x / column_tiles);
-  if (tile >= *layout.tile_count) return;
-  const RowTile this_tile = row_tile(groups, layout, tile);
-  const auto& [group, first_slot, group_end, shared, N, K] = this_tile;
-  const int64_t out_cols = kGated ? N / 2 : N;
-  const int64_t column_tile = blockIdx.x % column_tiles, first_col = column_tile * cols_per_tile;
-  if (first_col >= out_cols) return;  // (a pair's partner sees that and neither waits for nor sends to this CTA)
   const bool paired = pairs_column_tiles<kFp8, kGated>(groups);
-  const bool partner_has_columns = paired && (column_tile ^ 1) * cols_per_tile < out_cols;
-  const auto* A = static_cast<const uint8_t*>(shared ? groups.a_shared : groups.a_routed);
-  const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
-  const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
+  // The work items (row tile, column tile), columns fastest, for the row tiles the sort
+  // made. This CTA takes every gridDim.x-th; a cluster of two (paired) takes every
+  // (gridDim.x / 2)-th pair of column tiles, its CTAs one column tile each.
+  // (int: the launch keeps max_tiles x column_tiles within it)
+  const int items = *layout.tile_count * static_cast<int>(column_tiles);
+  const int unit = paired ? 2 : 1;
+  const int first_item = static_cast<int>(blockIdx.x), item_stride = static_cast<int>(gridDim.x) / unit * unit;
   // Split K (GEMM2 where its CTAs would not fill the GPU): split blockIdx.y of gridDim.y sums
-  // the K tiles [first_k_tile, + k_tiles); kt below counts from first_k_tile.
-  // (GEMM1 never splits: its range is all of K at compile time.)
-  const auto [first_k_tile, k_tiles] =
-      kGated ? KTileRange{0, static_cast<int>((K + Op::kDepth - 1) / Op::kDepth)}
-             : split_k_tiles(K, Op::kDepth, static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y));
-  // fp8_block: the scales of K tile kt are in slot kt (all of the item's fit) or kt % kStages.
-  const bool scales_per_item = k_tiles <= kScaleSlots;
-  // The A row behind tile row `row`, or -1 past the group.
-  auto a_row = [&](int row) { return a_row_of(groups, this_tile, row); };
-  // The first weight row of the tile's gate half (or of the tile), and of its up half.
-  const int64_t b_rows[2] = {first_col, kGated ? out_cols + first_col : first_col};
+  // the K tiles [first_k_tile, + k_tiles) of every item; GEMM1 never splits.
+  // An item's place: its row tile, its first output column, and the columns there are.
+  struct Place {
+    RowTile tile;
+    int64_t out_cols, column_tile, first_col;
+    int first_k_tile, k_tiles;
+  };
+  auto place_of = [&](int item) {
+    Place p{row_tile(groups, layout, item / static_cast<int>(column_tiles))};
+    p.out_cols = kGated ? p.tile.n / 2 : p.tile.n;
+    p.column_tile = item % static_cast<int>(column_tiles);
+    p.first_col = p.column_tile * cols_per_tile;
+    const KTileRange range =
+        kGated ? KTileRange{0, static_cast<int>((p.tile.k + Op::kDepth - 1) / Op::kDepth)}
+               : split_k_tiles(p.tile.k, Op::kDepth, static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y));
+    p.first_k_tile = range.first;
+    p.k_tiles = range.count;
+    return p;
+  };
+  // fp8_block: the scales of the ring's stage `it` (counted over all items) are in slot it %
+  // kScaleSlots. An item's scales are all copied before its first stage lands where the
+  // slots hold them without overwriting those of the stages still in the ring, else each
+  // stage's with the stage.
+  auto scales_up_front = [](int k_tiles) { return k_tiles <= kScaleSlots - kStages; };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&control.full[s], Tile::kProducerThreads + 1);  // + the arrival that sets the B bytes
       barrier_init(&control.empty[s], Tile::kConsumerThreads / 32);
     }
-    barrier_init(&control.exchange.landed, 1);
-    if (partner_has_columns) barrier_expect_bytes(&control.exchange.landed, sizeof(control.exchange.amax));
+    barrier_init(&control.exchange.landed, 1);  // armed per item by the first consumer thread
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA and the partner
   }
   __syncthreads();
-  if (paired) cluster_arrive();  // the consumers wait for the partner's arrival before they send
+  if (paired) {  // the partner's exchange barrier is set up before anything is sent to it
+    cluster_arrive();
+    cluster_wait();
+  }
 
   if (threadIdx.x < Tile::kProducerThreads) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tile::kProducerRegisters));
     const int thread = threadIdx.x, chunk = thread % kChunksPerRow;
-    // This thread's A chunks: column chunk `chunk` of rows thread / 8 + 16 i, from the split's
-    // first K tile on (so that the loop below steps the pointers by a constant: the address
-    // recomputed from the split's K tile per stage made bf16 GEMM2 5% slower).
-    const int64_t first_k = int64_t{first_k_tile} * Op::kDepth;
-    const uint8_t* a_source[Tile::kAChunks];
-#pragma unroll
-    for (int i = 0; i < Tile::kAChunks; ++i) {
-      const int64_t row = a_row(thread / kChunksPerRow + i * (Tile::kProducerThreads / kChunksPerRow));
-      a_source[i] = row >= 0 ? A + (row * groups.a_stride + first_k) * Op::kBytes + chunk * 16 : nullptr;
-    }
-    // fp8_block: the scale of tile row `thread` (any row of the group past its end).
-    const float* a_scale_source = nullptr;
-    if constexpr (kPerKTile) a_scale_source = a_scales.scales + scale_index(a_scales, max(a_row(thread), int64_t{0}), group);
-    // K tile first_k_tile + kt's scale of this thread's row, and of weight half `half`, into
-    // scale slot `slot`.
-    auto copy_a_scale = [&](int kt, int slot) {
-      copy_scale_async(&control.a_scales[slot][thread], a_scale_source + (first_k_tile + kt) * a_scales.k_stride);
-    };
-    // (b_rows by a select, not an index: a runtime index puts the array in local memory.)
-    auto copy_b_scale = [&](int kt, int half, int slot) {
-      const int64_t b_row = half == 0 ? b_rows[0] : b_rows[1];
-      copy_scale_async(&control.b_scales[slot][half],
-                       b_scales.scales + scale_index(b_scales, b_row, shared ? 0 : group) +
-                           (first_k_tile + kt) * b_scales.k_stride);
-    };
-    if (kPerKTile && scales_per_item) {
-      for (int kt = 0; kt < k_tiles; ++kt) copy_a_scale(kt, kt);
-      for (int i = thread; i < 2 * k_tiles; i += Tile::kProducerThreads) copy_b_scale(i / 2, i % 2, i / 2);
-    }
-    const CUtensorMap& b_map = shared ? b_shared_map : b_routed_map;
-    const int expert = shared ? 0 : group;
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      const int s = kt % kStages;
-      if (kt >= kStages) barrier_wait(&control.empty[s], (kt / kStages - 1) & 1);
-      uint8_t* a_tile = ring + s * Tile::kStageBytes;
-      uint8_t* b_tile = a_tile + Tile::kATileBytes;
-      const int k0 = kt * Op::kDepth;  // from the split's first K tile
-      if (thread == 0) {
-        barrier_expect_bytes(&control.full[s], Tile::kBTileBytes);
-        constexpr int kBoxRows = kGated ? Tile::kCols / 2 : Tile::kCols;
-#pragma unroll
-        for (int half = 0; half < Tile::kCols / kBoxRows; ++half)
-          load_box(b_tile + half * kBoxRows * kRowBytes, b_map, static_cast<int>(first_k) + k0,
-                   static_cast<int>(b_rows[half]), expert, &control.full[s]);
-      }
-      const bool k_valid = first_k + k0 + chunk * (16 / Op::kBytes) < K;
+    uint32_t it = 0;  // stages filled so far
+    for (int item = first_item; item < items; item += item_stride) {
+      const Place p = place_of(item);
+      if (p.first_col >= p.out_cols) continue;  // (the consumers skip it too)
+      const RowTile& this_tile = p.tile;
+      const auto* A = static_cast<const uint8_t*>(this_tile.shared ? groups.a_shared : groups.a_routed);
+      // This thread's A chunks: column chunk `chunk` of rows thread / 8 + 16 i, from the split's
+      // first K tile on (so that the loop below steps the pointers by a constant: the address
+      // recomputed from the split's K tile per stage made bf16 GEMM2 5% slower).
+      const int64_t first_k = int64_t{p.first_k_tile} * Op::kDepth;
+      const uint8_t* a_source[Tile::kAChunks];
 #pragma unroll
       for (int i = 0; i < Tile::kAChunks; ++i) {
-        const int row = thread / kChunksPerRow + i * (Tile::kProducerThreads / kChunksPerRow);
-        const bool valid = a_source[i] && k_valid;
-        copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + static_cast<int64_t>(k0) * Op::kBytes : A,
-                   valid);
+        const int64_t row = a_row_of(groups, this_tile, thread / kChunksPerRow + i * (Tile::kProducerThreads / kChunksPerRow));
+        a_source[i] = row >= 0 ? A + (row * groups.a_stride + first_k) * Op::kBytes + chunk * 16 : nullptr;
       }
-      if (kPerKTile && !scales_per_item) {
-        copy_a_scale(kt, s);
-        if (thread < 2) copy_b_scale(kt, thread, s);
+      // The first weight row of the tile's gate half (or of the tile), and of its up half.
+      const int64_t b_rows[2] = {p.first_col, kGated ? p.out_cols + p.first_col : p.first_col};
+      const int group = this_tile.group;
+      // fp8_block: K tile first_k_tile + kt's scale of this thread's row, and of weight half
+      // `half`, into the slot of stage it + kt.
+      [[maybe_unused]] const float* a_scale_source = nullptr;
+      [[maybe_unused]] const float* b_scale_source[2] = {nullptr, nullptr};
+      if constexpr (kPerKTile) {
+        const ScaleGrid& a_scales = this_tile.shared ? groups.a_shared_scale : groups.a_routed_scale;
+        const ScaleGrid& b_scales = this_tile.shared ? groups.b_shared_scale : groups.b_routed_scale;
+        a_scale_source = a_scales.scales + scale_index(a_scales, max(a_row_of(groups, this_tile, thread), int64_t{0}), group) +
+                         p.first_k_tile * a_scales.k_stride;
+        for (int half = 0; half < 2; ++half)
+          b_scale_source[half] = b_scales.scales + scale_index(b_scales, b_rows[half], this_tile.shared ? 0 : group) +
+                                 p.first_k_tile * b_scales.k_stride;
       }
-      barrier_arrive_after_copies(&control.full[s]);
+      auto copy_a_scale = [&](int kt) {
+        const ScaleGrid& a_scales = this_tile.shared ? groups.a_shared_scale : groups.a_routed_scale;
+        copy_scale_async(&control.a_scales[(it + kt) % kScaleSlots][thread], a_scale_source + kt * a_scales.k_stride);
+      };
+      // (the source by a select, not an index: a runtime index puts the array in local memory.)
+      auto copy_b_scale = [&](int kt, int half) {
+        const ScaleGrid& b_scales = this_tile.shared ? groups.b_shared_scale : groups.b_routed_scale;
+        copy_scale_async(&control.b_scales[(it + kt) % kScaleSlots][half],
+                         (half == 0 ? b_scale_source[0] : b_scale_source[1]) + kt * b_scales.k_stride);
+      };
+      const bool up_front = scales_up_front(p.k_tiles);
+      if (kPerKTile && up_front) {
+        for (int kt = 0; kt < p.k_tiles; ++kt) copy_a_scale(kt);
+        for (int i = thread; i < 2 * p.k_tiles; i += Tile::kProducerThreads) copy_b_scale(i / 2, i % 2);
+      }
+      const CUtensorMap& b_map = this_tile.shared ? b_shared_map : b_routed_map;
+      const int expert = this_tile.shared ? 0 : group;
+      for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
+        const int s = it % kStages;
+        if (it >= kStages) barrier_wait(&control.empty[s], (it / kStages - 1) & 1);
+        uint8_t* a_tile = ring + s * Tile::kStageBytes;
+        uint8_t* b_tile = a_tile + Tile::kATileBytes;
+        const int k0 = kt * Op::kDepth;  // from the split's first K tile
+        if (thread == 0) {
+          barrier_expect_bytes(&control.full[s], Tile::kBTileBytes);
+          constexpr int kBoxRows = kGated ? Tile::kCols / 2 : Tile::kCols;
+#pragma unroll
+          for (int half = 0; half < Tile::kCols / kBoxRows; ++half)
+            load_box(b_tile + half * kBoxRows * kRowBytes, b_map, static_cast<int>(first_k) + k0,
+                     static_cast<int>(b_rows[half]), expert, &control.full[s]);
+        }
+        const bool k_valid = first_k + k0 + chunk * (16 / Op::kBytes) < this_tile.k;
+#pragma unroll
+        for (int i = 0; i < Tile::kAChunks; ++i) {
+          const int row = thread / kChunksPerRow + i * (Tile::kProducerThreads / kChunksPerRow);
+          const bool valid = a_source[i] && k_valid;
+          copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + static_cast<int64_t>(k0) * Op::kBytes : A,
+                     valid);
+        }
+        if (kPerKTile && !up_front) {  // into the slot of this stage, it (not it + kt)
+          const ScaleGrid& a_scales = this_tile.shared ? groups.a_shared_scale : groups.a_routed_scale;
+          copy_scale_async(&control.a_scales[it % kScaleSlots][thread], a_scale_source + kt * a_scales.k_stride);
+          if (thread < 2) {
+            const ScaleGrid& b_scales = this_tile.shared ? groups.b_shared_scale : groups.b_routed_scale;
+            copy_scale_async(&control.b_scales[it % kScaleSlots][thread],
+                             (thread == 0 ? b_scale_source[0] : b_scale_source[1]) + kt * b_scales.k_stride);
+          }
+        }
+        barrier_arrive_after_copies(&control.full[s]);
+      }
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
@@ -349,100 +396,122 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
   // This thread's accumulator rows in the tile (m64 fragment order: rows[h] for q / 2 = h).
   const int first_row = consumer * 64 + (thread / 32) % 4 * 16 + lane / 4;
   const int rows[2] = {first_row, first_row + 8};
-  float acc[Tile::kMmaN][4] = {};
-  float sums[kFp8 ? Tile::kMmaN : 1][4];
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    const int s = kt % kStages;
-    barrier_wait(&control.full[s], (kt / kStages) & 1);
-    const uint8_t* a_tile = ring + s * Tile::kStageBytes;
-    const uint64_t a_descriptor = wgmma_descriptor(a_tile + consumer * 64 * kRowBytes);
-    const uint64_t b_descriptor = wgmma_descriptor(a_tile + Tile::kATileBytes);
-    wgmma_fence();
-    if constexpr (kFp8) {
+  uint32_t it = 0;         // stages consumed so far
+  uint32_t exchanges = 0;  // items whose amax went through the pair exchange
+  for (int item = first_item; item < items; item += item_stride) {
+    const Place p = place_of(item);
+    if (p.first_col >= p.out_cols) continue;  // (a pair's partner sees that and neither waits for nor sends to this CTA)
+    const auto& [group, first_slot, group_end, shared, N, K] = p.tile;
+    const int64_t out_cols = p.out_cols, first_col = p.first_col;
+    const int64_t b_rows[2] = {first_col, kGated ? out_cols + first_col : first_col};
+    const bool partner_has_columns = paired && (p.column_tile ^ 1) * cols_per_tile < out_cols;
+    float acc[Tile::kMmaN][4];
 #pragma unroll
-      for (int kk = 0; kk < kStepsPerStage; ++kk)  // +32 bytes along K inside the swizzle atom
-        wgmma_step<Tile::kCols, true>(sums, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kk > 0);
-      wgmma_commit();
-      float a_scale[2] = {1.0f, 1.0f}, b_scale[2] = {1.0f, 1.0f};
-      if constexpr (kPerKTile) {
-        const int slot = scales_per_item ? kt : s;
-        a_scale[0] = control.a_scales[slot][rows[0]], a_scale[1] = control.a_scales[slot][rows[1]];
-        b_scale[0] = control.b_scales[slot][0], b_scale[1] = control.b_scales[slot][1];
-      }
-      wgmma_wait<0>();
-      if (lane == 0) barrier_arrive(&control.empty[s]);
+    for (int j = 0; j < Tile::kMmaN; ++j)
 #pragma unroll
-      for (int j = 0; j < Tile::kMmaN; ++j)
+      for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+    float sums[kFp8 ? Tile::kMmaN : 1][4];
+    for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
+      const int s = it % kStages;
+      barrier_wait(&control.full[s], (it / kStages) & 1);
+      const uint8_t* a_tile = ring + s * Tile::kStageBytes;
+      const uint64_t a_descriptor = wgmma_descriptor(a_tile + consumer * 64 * kRowBytes);
+      const uint64_t b_descriptor = wgmma_descriptor(a_tile + Tile::kATileBytes);
+      wgmma_fence();
+      if constexpr (kFp8) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          acc[j][q] += sums[j][q] * (a_scale[q / 2] * b_scale[kGated && j >= Tile::kMmaN / 2 ? 1 : 0]);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kStepsPerStage; ++kk)
-        wgmma_step<Tile::kCols, false>(acc, a_descriptor + 2 * kk, b_descriptor + 2 * kk, true);
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous stage's group is done: release that stage
-      if (kt > 0 && lane == 0) barrier_arrive(&control.empty[(kt - 1) % kStages]);
-    }
-  }
-  wgmma_wait<0>();
-
-  // Epilogue: rows rows[h], columns 8 j + 2 (lane % 4) + e of the B tile (gated:
-  // j < kMmaN / 2 gate, j + kMmaN / 2 the up of the same output column).
-  constexpr int kOutBlocks = kGated ? Tile::kMmaN / 2 : Tile::kMmaN;
-  constexpr bool kQuantizes = kGated && kFp8;  // GEMM1 of an fp8 scheme: its outputs stay for quantize_outputs
-  float outputs[2][kQuantizes ? kOutBlocks : 1][2] = {};
-  // Writes the tile below `out`: bf16 c, or split K's f32 partial sums of this split. Chosen
-  // once for the tile, with one row pointer per row, so each store is a predicated STG at a
-  // constant offset, not an address computed per store behind a branch.
-  auto write_tile = [&](auto* out) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = rows[h];
-      const int32_t slot = first_slot + row;
-      if (slot >= group_end) continue;
-      [[maybe_unused]] float a_scale = 1.0f;  // (read only under epilogue scales)
-      if constexpr (kScales == Scales::kEpilogue) a_scale = a_scales.scales[scale_index(a_scales, a_row(row), group)];
-      auto* const out_row = out + static_cast<int64_t>(slot) * groups.c_stride;
-#pragma unroll
-      for (int j = 0; j < kOutBlocks; ++j) {
-        const int64_t col = first_col + j * 8 + (lane % 4) * 2;
-        if (col >= out_cols) continue;
-        float value[2];
-        [[maybe_unused]] float up[2];  // (gated only)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          value[e] = acc[j][2 * h + e];
-          if constexpr (kGated) up[e] = acc[j + kOutBlocks][2 * h + e];
-          if constexpr (kScales == Scales::kEpilogue) {  // per channel / per tensor: scales constant along K
-            const int g = shared ? 0 : group;
-            value[e] *= a_scale * b_scales.scales[scale_index(b_scales, b_rows[0] + (col - first_col) + e, g)];
-            if constexpr (kGated)
-              up[e] *= a_scale * b_scales.scales[scale_index(b_scales, b_rows[1] + (col - first_col) + e, g)];
-          }
+        for (int kk = 0; kk < kStepsPerStage; ++kk)  // +32 bytes along K inside the swizzle atom
+          wgmma_step<Tile::kCols, true>(sums, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kk > 0);
+        wgmma_commit();
+        float a_scale[2] = {1.0f, 1.0f}, b_scale[2] = {1.0f, 1.0f};
+        if constexpr (kPerKTile) {
+          const int slot = it % kScaleSlots;
+          a_scale[0] = control.a_scales[slot][rows[0]], a_scale[1] = control.a_scales[slot][rows[1]];
+          b_scale[0] = control.b_scales[slot][0], b_scale[1] = control.b_scales[slot][1];
         }
-        if constexpr (kGated)
-          value[0] = activate(activation, value[0]) * up[0], value[1] = activate(activation, value[1]) * up[1];
-        if constexpr (std::is_same_v<decltype(out), float*>)
-          *reinterpret_cast<float2*>(out_row + col) = make_float2(value[0], value[1]);
-        else
-          store_pair(out_row + col, value[0], value[1]);
-        if constexpr (kQuantizes)
-          for (int e = 0; e < 2; ++e) outputs[h][j][e] = __bfloat162float(__float2bfloat16_rn(value[e]));
+        wgmma_wait<0>();
+        if (lane == 0) barrier_arrive(&control.empty[s]);
+#pragma unroll
+        for (int j = 0; j < Tile::kMmaN; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            acc[j][q] += sums[j][q] * (a_scale[q / 2] * b_scale[kGated && j >= Tile::kMmaN / 2 ? 1 : 0]);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kStepsPerStage; ++kk)
+          wgmma_step<Tile::kCols, false>(acc, a_descriptor + 2 * kk, b_descriptor + 2 * kk, true);
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous stage's group is done: release that stage
+        if (kt > 0 && lane == 0) barrier_arrive(&control.empty[(it - 1) % kStages]);
       }
     }
-  };
-  if constexpr (kGated)
-    write_tile(groups.c);  // GEMM1 writes whole rows (no split K)
-  else if (groups.c_partial)
-    write_tile(groups.c_partial + blockIdx.y * groups.partial_stride);
-  else
-    write_tile(groups.c);
-  if constexpr (kQuantizes) {
-    static_assert(Tile::kCols == 128, "a pair of column tiles (kCols / 2 outputs each) is a group of 128 (GPU fp8_block)");
-    if (groups.quantize.codes)
-      quantize_outputs(groups.quantize, outputs, rows, first_slot, group_end, first_col, out_cols, groups.c_stride,
-                       lane, partner_has_columns ? &control.exchange : nullptr);
+    wgmma_wait<0>();
+    if (!kFp8 && p.k_tiles > 0 && lane == 0) barrier_arrive(&control.empty[(it - 1) % kStages]);  // the item's last
+
+    // Epilogue (the producer already fills the ring for the next item): rows rows[h],
+    // columns 8 j + 2 (lane % 4) + e of the B tile (gated: j < kMmaN / 2 gate, j + kMmaN / 2
+    // the up of the same output column).
+    const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
+    const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
+    constexpr int kOutBlocks = kGated ? Tile::kMmaN / 2 : Tile::kMmaN;
+    // GEMM1 of an fp8 scheme: its bf16 outputs stay for quantize_outputs, in the gate
+    // accumulators they were computed from (read once each, just before).
+    constexpr bool kQuantizes = kGated && kFp8;
+    // Writes the tile below `out`: bf16 c, or split K's f32 partial sums of this split. Chosen
+    // once for the tile, with one row pointer per row, so each store is a predicated STG at a
+    // constant offset, not an address computed per store behind a branch.
+    auto write_tile = [&](auto* out) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = rows[h];
+        const int32_t slot = first_slot + row;
+        if (slot >= group_end) continue;
+        [[maybe_unused]] float a_scale = 1.0f;  // (read only under epilogue scales)
+        if constexpr (kScales == Scales::kEpilogue)
+          a_scale = a_scales.scales[scale_index(a_scales, a_row_of(groups, p.tile, row), group)];
+        auto* const out_row = out + static_cast<int64_t>(slot) * groups.c_stride;
+#pragma unroll
+        for (int j = 0; j < kOutBlocks; ++j) {
+          const int64_t col = first_col + j * 8 + (lane % 4) * 2;
+          if (col >= out_cols) continue;
+          float value[2];
+          [[maybe_unused]] float up[2];  // (gated only)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            value[e] = acc[j][2 * h + e];
+            if constexpr (kGated) up[e] = acc[j + kOutBlocks][2 * h + e];
+            if constexpr (kScales == Scales::kEpilogue) {  // per channel / per tensor: scales constant along K
+              const int g = shared ? 0 : group;
+              value[e] *= a_scale * b_scales.scales[scale_index(b_scales, b_rows[0] + (col - first_col) + e, g)];
+              if constexpr (kGated)
+                up[e] *= a_scale * b_scales.scales[scale_index(b_scales, b_rows[1] + (col - first_col) + e, g)];
+            }
+          }
+          if constexpr (kGated)
+            value[0] = activate(activation, value[0]) * up[0], value[1] = activate(activation, value[1]) * up[1];
+          if constexpr (std::is_same_v<decltype(out), float*>)
+            *reinterpret_cast<float2*>(out_row + col) = make_float2(value[0], value[1]);
+          else
+            store_pair(out_row + col, value[0], value[1]);
+          if constexpr (kQuantizes)
+            for (int e = 0; e < 2; ++e) acc[j][2 * h + e] = __bfloat162float(__float2bfloat16_rn(value[e]));
+        }
+      }
+    };
+    if constexpr (kGated)
+      write_tile(groups.c);  // GEMM1 writes whole rows (no split K)
+    else if (groups.c_partial)
+      write_tile(groups.c_partial + blockIdx.y * groups.partial_stride);
+    else
+      write_tile(groups.c);
+    if constexpr (kQuantizes) {
+      static_assert(Tile::kCols == 128, "a pair of column tiles (kCols / 2 outputs each) is a group of 128 (GPU fp8_block)");
+      if (groups.quantize.codes) {
+        quantize_outputs<kOutBlocks>(groups.quantize, acc, rows, first_slot, group_end, first_col, out_cols, groups.c_stride,
+                         lane, partner_has_columns ? &control.exchange : nullptr, exchanges & 1, thread == 0);
+        exchanges += partner_has_columns ? 1 : 0;
+      }
+    }
   }
 }
 
@@ -478,6 +547,32 @@ cudaError_t weight_tensor_map(CUtensorMap& map, const void* weights, int64_t exp
   return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// How many CTAs of `kernel` the GPU holds at once, in clusters of `cluster`.
+template <typename Kernel>
+std::pair<cudaError_t, int64_t> resident_ctas(Kernel* kernel, unsigned threads, size_t shared_bytes, unsigned cluster) {
+  if (cluster == 1) {
+    int per_multiprocessor = 0, device = 0, multiprocessors = 0;
+    cudaError_t error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, threads, shared_bytes);
+    if (error == cudaSuccess) error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+    if (error == cudaSuccess && per_multiprocessor == 0) error = cudaErrorInvalidConfiguration;
+    return {error, int64_t{per_multiprocessor} * multiprocessors};
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim = {cluster, 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(cluster);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  const cudaError_t error = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  if (error == cudaSuccess && clusters == 0) return {cudaErrorInvalidConfiguration, 0};
+  return {error, int64_t{clusters} * cluster};
+}
+
 template <bool kFp8, bool kGated, Scales kScales>
 cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
                                Activation activation, cudaStream_t stream) {
@@ -509,8 +604,17 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
   if (!has_shared) shared = routed;
   const bool paired = pairs_column_tiles<kFp8, kGated>(groups);
   if (paired && groups.quantize.group != Tile::kCols) return cudaErrorInvalidValue;  // a pair's columns are one group
-  const int64_t ctas = max_tiles * specialized_column_tiles<kFp8, kGated>(groups);
-  if (ctas > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
+  // Persistent: as many CTAs as the GPU holds at once (in clusters of two where paired), at
+  // most one per possible work item; split K's slices share them (the rule that splits keeps
+  // its CTAs within one wave).
+  static const std::pair<cudaError_t, int64_t> resident[2] = {resident_ctas(kernel, Tile::kThreads, kSharedBytes, 1),
+                                                               resident_ctas(kernel, Tile::kThreads, kSharedBytes, 2)};
+  const auto [resident_error, resident_count] = resident[paired ? 1 : 0];
+  if (resident_error != cudaSuccess) return resident_error;
+  const int unit = paired ? 2 : 1;
+  const int64_t items = max_tiles * specialized_column_tiles<kFp8, kGated>(groups);
+  if (items > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;  // the kernel counts them in int
+  const int64_t ctas = std::min(items, std::max<int64_t>(resident_count / groups.k_splits, unit)) / unit * unit;
   return launch_kernel_in_clusters(Start::kEarly, paired ? 2 : 1, kernel,
                                    dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(groups.k_splits)),
                                    dim3(Tile::kThreads), kSharedBytes, stream, routed, shared, groups, layout,
