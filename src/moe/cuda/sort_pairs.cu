@@ -1,8 +1,9 @@
 // Map and sort: pairs (token, j) -> local expert through expert_map -> slots grouped by
 // expert, plus the row-tile schedule of the GEMMs, in three phases:
 //   1. count: each pair's group (ids outside [0, E) and experts mapped to -1 get none),
-//      counted per block with shared-memory atomics; a pair's rank among its block's pairs
-//      of its group is parked in slot_of_pair;
+//      counted per block with shared-memory atomics, which give each pair its rank among
+//      the block's pairs of its group (kept in registers on one block; on several, parked
+//      in slot_of_pair for the second launch);
 //   2. scan: group totals and offsets, and each group's ceil(count / tile_rows) row tiles
 //      (TilePlan: the shared group's in a list of its own when its tiles are taller);
 //   3. place: a pair's slot = its group's offset + the group's pairs in earlier blocks +
@@ -46,36 +47,44 @@ __device__ int local_group(int32_t id, const int32_t* expert_map, int num_expert
   return expert_map ? expert_map[id] : id;
 }
 
-// Calls visit(p, group of pair p) for this thread's pairs of this block's chunk. The thread
-// loads all its ids (and then their map entries) before it visits any: the loads' latency,
-// not bandwidth, bounds a block.
-template <typename Visit>
-__device__ void for_each_pair(const SortArgs& a, Visit visit) {
-  const int64_t first = int64_t{blockIdx.x} * kPairsPerSortBlock + threadIdx.x;
+// This thread's pairs of its block's chunk (pair first + i kThreads for i < kBatch, first =
+// the block's first pair + threadIdx.x): their groups, and their ranks among the block's
+// pairs of the same group (-1 for no group or past the pairs).
+struct ThreadPairs {
+  int group[kBatch];
+  int32_t rank[kBatch];
+};
+
+__device__ int64_t pair_index(int i) { return int64_t{blockIdx.x} * kPairsPerSortBlock + threadIdx.x + i * kThreads; }
+
+// The groups of this thread's pairs. All ids are loaded before any map entry: the loads'
+// latency, not bandwidth, bounds a block.
+__device__ void load_groups(const SortArgs& a, ThreadPairs& mine) {
   int32_t ids[kBatch];
 #pragma unroll
-  for (int i = 0; i < kBatch; ++i) ids[i] = first + i * kThreads < a.pairs ? a.topk_ids[first + i * kThreads] : -1;
-  int groups[kBatch];
+  for (int i = 0; i < kBatch; ++i) ids[i] = pair_index(i) < a.pairs ? a.topk_ids[pair_index(i)] : -1;
 #pragma unroll
-  for (int i = 0; i < kBatch; ++i) groups[i] = local_group(ids[i], a.expert_map, a.num_experts);
-#pragma unroll
-  for (int i = 0; i < kBatch; ++i)
-    if (first + i * kThreads < a.pairs) visit(first + i * kThreads, groups[i]);
+  for (int i = 0; i < kBatch; ++i) mine.group[i] = local_group(ids[i], a.expert_map, a.num_experts);
 }
 
 // Phase 1 for this block's pairs into `counts` (zeroed shared memory), after the
 // predecessor; the grid also zeroes the arrival counters.
-__device__ void count_block_pairs(const SortArgs& a, int32_t* counts) {
+__device__ ThreadPairs count_block_pairs(const SortArgs& a, int32_t* counts) {
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < a.layout.arrival_count;
        i += int64_t{gridDim.x} * kThreads)
     a.layout.arrivals[i] = 0;  // after the wait: the previous call's GEMM1 has finished with them
-  for_each_pair(a, [&](int64_t p, int group) { a.layout.slot_of_pair[p] = group >= 0 ? atomicAdd(&counts[group], 1) : -1; });
+  ThreadPairs mine;
+  load_groups(a, mine);
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) mine.rank[i] = mine.group[i] >= 0 ? atomicAdd(&counts[mine.group[i]], 1) : -1;
+  return mine;
 }
 
 // Phases 2 and 3. `totals` holds each group's pairs (the shared group's is set here) and
 // `before` each group's pairs in earlier blocks, in shared memory, as is `scratch` (3 x
 // groups). Block 0 writes the counts, offsets and tile lists.
-__device__ void schedule_and_place(const SortArgs& a, int32_t* totals, const int32_t* before, int32_t* scratch) {
+__device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, int32_t* totals, const int32_t* before,
+                                   int32_t* scratch) {
   const PairLayout& layout = a.layout;
   const TilePlan& plan = a.plan;
   int32_t* base = scratch;  // the first slot of each group, then of this block's pairs of it
@@ -124,12 +133,15 @@ __device__ void schedule_and_place(const SortArgs& a, int32_t* totals, const int
   __syncthreads();
   for (int g = threadIdx.x; g < a.groups; g += kThreads) base[g] += before[g];
   __syncthreads();
-  for_each_pair(a, [&](int64_t p, int group) {
-    if (group < 0) return;  // slot_of_pair is -1 already
-    const int32_t slot = base[group] + layout.slot_of_pair[p];  // this thread parked the rank in phase 1
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    const int64_t p = pair_index(i);
+    if (p >= a.pairs) break;
+    const int group = mine.group[i];
+    const int32_t slot = group >= 0 ? base[group] + mine.rank[i] : -1;
     layout.slot_of_pair[p] = slot;
-    layout.slot_token[slot] = static_cast<int32_t>(p / a.top_k);
-  });
+    if (group >= 0) layout.slot_token[slot] = static_cast<int32_t>(p / a.top_k);
+  }
 }
 
 // Zeroes `count` ints of shared memory, then waits for the predecessor.
@@ -144,7 +156,10 @@ __device__ void start(int32_t* shared, int count) {
 __global__ void __launch_bounds__(kThreads, 1) count_pairs_kernel(SortArgs a) {
   extern __shared__ int32_t counts[];  // [groups]
   start(counts, a.groups);
-  count_block_pairs(a, counts);
+  const ThreadPairs mine = count_block_pairs(a, counts);
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i)  // the ranks wait in slot_of_pair for sort_pairs_kernel
+    if (pair_index(i) < a.pairs) a.layout.slot_of_pair[pair_index(i)] = mine.rank[i];
   __syncthreads();
   for (int g = threadIdx.x; g < a.groups; g += kThreads) a.layout.block_counts[blockIdx.x * a.groups + g] = counts[g];
 }
@@ -155,9 +170,13 @@ __global__ void __launch_bounds__(kThreads, 1) sort_pairs_kernel(SortArgs a) {
   int32_t* totals = memory;
   int32_t* before = memory + a.groups;
   start(memory, 2 * a.groups);
+  ThreadPairs mine;
   if (a.layout.block_counts == nullptr) {
-    count_block_pairs(a, totals);
+    mine = count_block_pairs(a, totals);
   } else {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) mine.rank[i] = pair_index(i) < a.pairs ? a.layout.slot_of_pair[pair_index(i)] : -1;
+    load_groups(a, mine);
     for (int g = threadIdx.x; g < a.groups; g += kThreads)
       for (int b = 0; b < static_cast<int>(gridDim.x); ++b) {
         const int32_t count = a.layout.block_counts[b * a.groups + g];
@@ -166,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, 1) sort_pairs_kernel(SortArgs a) {
       }
   }
   __syncthreads();
-  schedule_and_place(a, totals, before, memory + 2 * a.groups);
+  schedule_and_place(a, mine, totals, before, memory + 2 * a.groups);
 }
 
 }  // namespace
