@@ -152,15 +152,5 @@ INSTANTIATE_TEST_SUITE_P(
                       SortCase{"skewed_single_block", 3000, 2, 8, 8, false, 0, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// The shared list really is apart in the case that names it (the plan's heuristic moves).
-TEST(SortPairs, CasesCoverWhatTheyName) {
-  const cuda::TilePlan apart = cuda::plan_tiles(2048, 8, 256, 256, 4096, 7168, 2048);
-  EXPECT_GT(apart.shared_tile_rows, 0) << "shared_list_apart_two_blocks no longer sets the shared list apart";
-  EXPECT_EQ(cuda::sort_blocks(2048 * 8), 2);
-  EXPECT_EQ(cuda::sort_blocks(cuda::kPairsPerSortBlock), 1);
-  EXPECT_EQ(cuda::sort_blocks(cuda::kPairsPerSortBlock + 8), 2);
-  EXPECT_EQ(cuda::sort_blocks(16384 * 8), 16);
-}
-
 }  // namespace
 }  // namespace epmoe
