@@ -147,5 +147,17 @@ TEST(TileSchedule, KSplitsOnlyForGridsUnderAWaveAndNeverBelowFourKTiles) {
   EXPECT_EQ(cuda::plan_tiles(16384, 8, 256, 32, 2048, 7168, 2048).k_splits, 1);
 }
 
+// sort_pairs' blocks: one per kPairsPerSortBlock pairs; and the plan that
+// test_sort_pairs_gpu's shared_list_apart_two_blocks case needs (the heuristic may move).
+TEST(TileSchedule, SortTakesABlockPerEightThousandPairs) {
+  EXPECT_EQ(cuda::sort_blocks(0), 1);
+  EXPECT_EQ(cuda::sort_blocks(cuda::kPairsPerSortBlock), 1);
+  EXPECT_EQ(cuda::sort_blocks(cuda::kPairsPerSortBlock + 8), 2);
+  EXPECT_EQ(cuda::sort_blocks(2048 * 8), 2);
+  EXPECT_EQ(cuda::sort_blocks(16384 * 8), 16);
+  EXPECT_GT(cuda::plan_tiles(2048, 8, 256, 256, 4096, 7168, 2048).shared_tile_rows, 0)
+      << "shared_list_apart_two_blocks no longer sets the shared list apart";
+}
+
 }  // namespace
 }  // namespace epmoe

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "device_vectors.h"
 #include "epmoe/device_case.h"
 #include "epmoe/dtype.h"
 #include "moe/cuda/launchers.h"
@@ -26,21 +27,6 @@ namespace {
 
 constexpr int64_t kHidden = 512, kIntermediate = 320, kSharedIntermediate = 192;
 constexpr int kLocalExperts = 5, kTopK = 2;
-
-template <typename T>
-T* upload_vector(const std::vector<T>& host, std::vector<DeviceBuffer>& storage) {
-  storage.push_back(DeviceBuffer::allocate(std::max<size_t>(host.size(), 1) * sizeof(T)).value());
-  EXPECT_EQ(cudaMemcpy(storage.back().data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return static_cast<T*>(storage.back().data());
-}
-
-template <typename T>
-std::vector<T> download(const T* device, size_t count) {
-  std::vector<T> host(count);
-  EXPECT_EQ(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return host;
-}
 
 // e4m3 codes of normal values, and positive scales spread over two decades.
 std::vector<uint8_t> random_codes(size_t count, std::mt19937_64& rng) {

@@ -37,7 +37,12 @@ struct PairLayout {
   // Arrival counters of GEMM1's fused quantisation (EpilogueQuantize), zeroed by sort_pairs.
   int32_t* arrivals = nullptr;
   int64_t arrival_count = 0;
+  // [sort_blocks(T k), groups] each sort block's pairs per group, where it takes several.
+  int32_t* block_counts = nullptr;
 };
+// Pairs one block of sort_pairs takes; more take several blocks (and block_counts).
+inline constexpr int64_t kPairsPerSortBlock = 8192;
+int64_t sort_blocks(int64_t pairs);
 // Upper bound on row tiles of height `tile_rows` over `slots` slots in `groups` groups.
 int64_t max_row_tiles(int64_t slots, int64_t groups, int tile_rows);
 // How the GEMMs cut the groups into row tiles (grouped_gemm.cu's heuristic, plan_tiles).

@@ -87,6 +87,8 @@ struct WorkspaceLayout {
     take(pairs.tile_group, all_tiles);
     take(pairs.tile_row, all_tiles);
     take(pairs.tile_count, 2);
+    const int64_t sort_blocks = cuda::sort_blocks(pairs_count);
+    take(pairs.block_counts, sort_blocks > 1 ? sort_blocks * groups : 0);
     take(x_scaled, s.tokens * s.hidden);
     take(intermediate, slots * widest);
     take(pair_out, slots * s.hidden);

@@ -1,18 +1,25 @@
 // Map and sort: pairs (token, j) -> local expert through expert_map -> slots grouped by
-// expert, plus the row-tile schedule of the GEMMs. One block does all of it:
+// expert, plus the row-tile schedule of the GEMMs, in three phases:
 //   1. count: each pair's group (ids outside [0, E) and experts mapped to -1 get none),
-//      counted with shared-memory atomics;
-//   2. scan: group offsets, and each group's ceil(count / tile_rows) row tiles (TilePlan:
-//      the shared group's in a list of its own when its tiles are taller);
-//   3. place: each pair takes the next slot of its group (a shared-memory cursor);
-// and it zeroes the arrival counters of GEMM1's fused quantisation.
+//      counted per block with shared-memory atomics, which give each pair its rank among
+//      the block's pairs of its group (kept in registers on one block; on several, parked
+//      in slot_of_pair for the second launch);
+//   2. scan: group totals and offsets, and each group's ceil(count / tile_rows) row tiles
+//      (TilePlan: the shared group's in a list of its own when its tiles are taller);
+//   3. place: a pair's slot = its group's offset + the group's pairs in earlier blocks +
+//      its rank.
+// Up to kPairsPerBlock pairs (decode and T k <= 8192) one block does all three in one
+// launch, which keeps the decode chain short; more pairs take one block per kPairsPerBlock,
+// in two launches: count_pairs_kernel (phase 1, block counts into PairLayout::block_counts)
+// and sort_pairs_kernel (phases 2 and 3; every block scans the block counts itself). One
+// block walking all 131k pairs of 16k tokens took 66-74 us, latency-bound.
+// The first launch also zeroes the arrival counters of GEMM1's fused quantisation.
 // The order of slots inside a group depends on the atomics, but nothing downstream depends
 // on it: a GEMM row's result does not depend on which rows share its tile, and the combine
 // reads each pair's slot in the fixed order j = 0..k-1, so the output is bitwise the same.
 // The shared experts, when present, are the last group: slot offset + t for token t.
-// One block reads the T*k ids twice: ~3 us at decode, ~100 us at 16k tokens before the
-// loads were batched (for_each_pair); one launch instead of four keeps the decode chain short.
 #include <algorithm>
+#include <limits>
 
 #include "launch.cuh"
 #include "launchers.h"
@@ -22,92 +29,163 @@ namespace epmoe::cuda {
 namespace {
 
 constexpr int kThreads = 1024;
+constexpr int kBatch = kPairsPerSortBlock / kThreads;  // pairs a thread loads before it visits any
+static_assert(kBatch * kThreads == kPairsPerSortBlock);
+
+struct SortArgs {
+  const int32_t* topk_ids;
+  const int32_t* expert_map;
+  int64_t pairs, tokens;
+  int top_k, num_experts;
+  int groups, shared_group;  // shared_group: the shared experts' group, or -1
+  TilePlan plan;
+  PairLayout layout;
+};
 
 __device__ int local_group(int32_t id, const int32_t* expert_map, int num_experts) {
   if (id < 0 || id >= num_experts) return -1;
   return expert_map ? expert_map[id] : id;
 }
 
-// Calls visit(p, group of pair p) for this thread's pairs. Each thread loads kBatch ids (and
-// then their map entries) before it visits any: one block walks all T k pairs, so the loads'
-// latency, not bandwidth, bounds it (a load at a time: ~100 us for 131k pairs).
-constexpr int kBatch = 8;
-template <typename Visit>
-__device__ void for_each_pair(const int32_t* topk_ids, const int32_t* expert_map, int64_t pairs, int num_experts,
-                              Visit visit) {
-  for (int64_t base = threadIdx.x; base < pairs; base += int64_t{kThreads} * kBatch) {
-    int32_t ids[kBatch];
+// This thread's pairs of its block's chunk (pair first + i kThreads for i < kBatch, first =
+// the block's first pair + threadIdx.x): their groups, and their ranks among the block's
+// pairs of the same group (-1 for no group or past the pairs).
+struct ThreadPairs {
+  int group[kBatch];
+  int32_t rank[kBatch];
+};
+
+__device__ int64_t pair_index(int i) { return int64_t{blockIdx.x} * kPairsPerSortBlock + threadIdx.x + i * kThreads; }
+
+// The groups of this thread's pairs. All ids are loaded before any map entry: the loads'
+// latency, not bandwidth, bounds a block.
+__device__ void load_groups(const SortArgs& a, ThreadPairs& mine) {
+  int32_t ids[kBatch];
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) ids[i] = base + i * kThreads < pairs ? topk_ids[base + i * kThreads] : -1;
-    int groups[kBatch];
+  for (int i = 0; i < kBatch; ++i) ids[i] = pair_index(i) < a.pairs ? a.topk_ids[pair_index(i)] : -1;
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) groups[i] = local_group(ids[i], expert_map, num_experts);
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i)
-      if (base + i * kThreads < pairs) visit(base + i * kThreads, groups[i]);
-  }
+  for (int i = 0; i < kBatch; ++i) mine.group[i] = local_group(ids[i], a.expert_map, a.num_experts);
 }
 
-__global__ void __launch_bounds__(kThreads)
-    sort_pairs_kernel(const int32_t* topk_ids, const int32_t* expert_map, int64_t pairs, int top_k, int num_experts,
-                      int64_t tokens, int groups, int shared_group, TilePlan plan, PairLayout layout) {
-  extern __shared__ int32_t counters[];  // [groups] counts, then cursors; [groups] first tiles, [groups] ends
-  int32_t* cursor = counters;
-  int32_t* tile_first = counters + groups;
-  int32_t* tile_end = tile_first + groups;
-  const bool shared_apart = shared_group >= 0 && plan.shared_tile_rows > 0;
-  allow_successor();
-  for (int g = threadIdx.x; g < groups; g += kThreads) cursor[g] = 0;
-  __syncthreads();
-  wait_for_predecessor();
-  // After the wait: the previous call's GEMM1 has finished with the counters.
-  for (int64_t i = threadIdx.x; i < layout.arrival_count; i += kThreads) layout.arrivals[i] = 0;
-  for_each_pair(topk_ids, expert_map, pairs, num_experts, [&](int64_t, int group) {
-    if (group >= 0) atomicAdd(&cursor[group], 1);
-  });
-  if (threadIdx.x == 0 && shared_group >= 0) cursor[shared_group] = static_cast<int32_t>(tokens);
-  __syncthreads();
+// Phase 1 for this block's pairs into `counts` (zeroed shared memory), after the
+// predecessor; the grid also zeroes the arrival counters.
+__device__ ThreadPairs count_block_pairs(const SortArgs& a, int32_t* counts) {
+  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < a.layout.arrival_count;
+       i += int64_t{gridDim.x} * kThreads)
+    a.layout.arrivals[i] = 0;  // after the wait: the previous call's GEMM1 has finished with them
+  ThreadPairs mine;
+  load_groups(a, mine);
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) mine.rank[i] = mine.group[i] >= 0 ? atomicAdd(&counts[mine.group[i]], 1) : -1;
+  return mine;
+}
+
+// Phases 2 and 3. `totals` holds each group's pairs (the shared group's is set here) and
+// `before` each group's pairs in earlier blocks, in shared memory, as is `scratch` (3 x
+// groups). Block 0 writes the counts, offsets and tile lists.
+__device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, int32_t* totals, const int32_t* before,
+                                   int32_t* scratch) {
+  const PairLayout& layout = a.layout;
+  const TilePlan& plan = a.plan;
+  int32_t* base = scratch;  // the first slot of each group, then of this block's pairs of it
+  int32_t* tile_first = scratch + a.groups;
+  int32_t* tile_end = tile_first + a.groups;
+  const bool shared_apart = a.shared_group >= 0 && plan.shared_tile_rows > 0;
+  const bool writes_schedule = blockIdx.x == 0;
   if (threadIdx.x == 0) {
+    if (a.shared_group >= 0) totals[a.shared_group] = static_cast<int32_t>(a.tokens);
     int32_t slot = 0, tile = 0;
-    for (int g = 0; g < groups; ++g) {
-      const int32_t count = cursor[g];
-      const bool apart = shared_apart && g == shared_group;
+    for (int g = 0; g < a.groups; ++g) {
+      const int32_t count = totals[g];
+      const bool apart = shared_apart && g == a.shared_group;
       const int rows = apart ? plan.shared_tile_rows : plan.tile_rows;
       const int32_t first = apart ? static_cast<int32_t>(plan.max_tiles) : tile;
       const int32_t capacity = apart ? static_cast<int32_t>(plan.max_tiles + plan.shared_tiles)
                                      : static_cast<int32_t>(plan.max_tiles);
-      layout.group_counts[g] = count;
-      layout.group_offsets[g] = slot;
       tile_first[g] = first;
       tile_end[g] = min(first + (count + rows - 1) / rows, capacity);  // the plan's bounds make min a no-op
       if (!apart) tile = tile_end[g];
-      cursor[g] = slot;  // from here on: the next free slot of group g
+      base[g] = slot;
+      if (writes_schedule) layout.group_counts[g] = count, layout.group_offsets[g] = slot;
       slot += count;
     }
-    layout.group_offsets[groups] = slot;
-    layout.tile_count[0] = tile;
-    layout.tile_count[1] = shared_apart ? tile_end[shared_group] - tile_first[shared_group] : 0;
+    if (writes_schedule) {
+      layout.group_offsets[a.groups] = slot;
+      layout.tile_count[0] = tile;
+      layout.tile_count[1] = shared_apart ? tile_end[a.shared_group] - tile_first[a.shared_group] : 0;
+    }
   }
   __syncthreads();
-  for (int g = threadIdx.x; g < groups; g += kThreads) {
-    const int32_t first_slot = cursor[g];
-    const int rows = shared_apart && g == shared_group ? plan.shared_tile_rows : plan.tile_rows;
-    for (int32_t tile = tile_first[g], row = 0; tile < tile_end[g]; ++tile, row += rows) {
-      layout.tile_group[tile] = g;
-      layout.tile_row[tile] = first_slot + row;
+  if (writes_schedule)
+    for (int g = threadIdx.x; g < a.groups; g += kThreads) {
+      const int rows = shared_apart && g == a.shared_group ? plan.shared_tile_rows : plan.tile_rows;
+      for (int32_t tile = tile_first[g], row = 0; tile < tile_end[g]; ++tile, row += rows) {
+        layout.tile_group[tile] = g;
+        layout.tile_row[tile] = base[g] + row;
+      }
     }
+  if (a.shared_group >= 0) {  // this block's share of the shared group's tokens
+    const int64_t per_block = (a.tokens + gridDim.x - 1) / gridDim.x;
+    const int64_t end = min(a.tokens, (blockIdx.x + 1) * per_block);
+    for (int64_t t = blockIdx.x * per_block + threadIdx.x; t < end; t += kThreads)
+      layout.slot_token[base[a.shared_group] + t] = static_cast<int32_t>(t);
   }
-  if (shared_group >= 0)
-    for (int64_t t = threadIdx.x; t < tokens; t += kThreads)
-      layout.slot_token[cursor[shared_group] + t] = static_cast<int32_t>(t);
-  for_each_pair(topk_ids, expert_map, pairs, num_experts, [&](int64_t p, int group) {
-    int32_t slot = -1;
-    if (group >= 0) {
-      slot = atomicAdd(&cursor[group], 1);
-      layout.slot_token[slot] = static_cast<int32_t>(p / top_k);
-    }
+  __syncthreads();
+  for (int g = threadIdx.x; g < a.groups; g += kThreads) base[g] += before[g];
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    const int64_t p = pair_index(i);
+    if (p >= a.pairs) break;
+    const int group = mine.group[i];
+    const int32_t slot = group >= 0 ? base[group] + mine.rank[i] : -1;
     layout.slot_of_pair[p] = slot;
-  });
+    if (group >= 0) layout.slot_token[slot] = static_cast<int32_t>(p / a.top_k);
+  }
+}
+
+// Zeroes `count` ints of shared memory, then waits for the predecessor.
+__device__ void start(int32_t* shared, int count) {
+  allow_successor();
+  for (int i = threadIdx.x; i < count; i += kThreads) shared[i] = 0;
+  __syncthreads();
+  wait_for_predecessor();
+}
+
+// Phase 1 on several blocks: block b's counts to block_counts[b, groups].
+__global__ void __launch_bounds__(kThreads, 1) count_pairs_kernel(SortArgs a) {
+  extern __shared__ int32_t counts[];  // [groups]
+  start(counts, a.groups);
+  const ThreadPairs mine = count_block_pairs(a, counts);
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i)  // the ranks wait in slot_of_pair for sort_pairs_kernel
+    if (pair_index(i) < a.pairs) a.layout.slot_of_pair[pair_index(i)] = mine.rank[i];
+  __syncthreads();
+  for (int g = threadIdx.x; g < a.groups; g += kThreads) a.layout.block_counts[blockIdx.x * a.groups + g] = counts[g];
+}
+
+// Phases 2 and 3 (and phase 1, on one block: block_counts null).
+__global__ void __launch_bounds__(kThreads, 1) sort_pairs_kernel(SortArgs a) {
+  extern __shared__ int32_t memory[];  // totals, before, then schedule_and_place's scratch: [groups] each
+  int32_t* totals = memory;
+  int32_t* before = memory + a.groups;
+  start(memory, 2 * a.groups);
+  ThreadPairs mine;
+  if (a.layout.block_counts == nullptr) {
+    mine = count_block_pairs(a, totals);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) mine.rank[i] = pair_index(i) < a.pairs ? a.layout.slot_of_pair[pair_index(i)] : -1;
+    load_groups(a, mine);
+    for (int g = threadIdx.x; g < a.groups; g += kThreads)
+      for (int b = 0; b < static_cast<int>(gridDim.x); ++b) {
+        const int32_t count = a.layout.block_counts[b * a.groups + g];
+        totals[g] += count;
+        if (b < static_cast<int>(blockIdx.x)) before[g] += count;
+      }
+  }
+  __syncthreads();
+  schedule_and_place(a, mine, totals, before, memory + 2 * a.groups);
 }
 
 }  // namespace
@@ -116,6 +194,8 @@ int64_t max_row_tiles(int64_t slots, int64_t groups, int tile_rows) {
   // Every tile holds at least one slot, and at most one tile per group is partial.
   return std::max<int64_t>(1, std::min(slots, slots / tile_rows + groups));
 }
+
+int64_t sort_blocks(int64_t pairs) { return std::max<int64_t>(1, (pairs + kPairsPerSortBlock - 1) / kPairsPerSortBlock); }
 
 PairLayout shared_tile_list(const PairLayout& layout, const TilePlan& plan, int64_t arrival_scopes) {
   PairLayout view = layout;
@@ -129,13 +209,29 @@ PairLayout shared_tile_list(const PairLayout& layout, const TilePlan& plan, int6
 cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map, int64_t tokens, int top_k,
                               int num_experts, int local_experts, bool shared_group, const TilePlan& plan,
                               const PairLayout& layout, cudaStream_t stream, Start start) {
-  static const cudaError_t carveout = prefer_max_shared_memory(reinterpret_cast<const void*>(sort_pairs_kernel));
+  static const cudaError_t carveout = [] {
+    for (const void* kernel :
+         {reinterpret_cast<const void*>(count_pairs_kernel), reinterpret_cast<const void*>(sort_pairs_kernel)})
+      if (const cudaError_t e = prefer_max_shared_memory(kernel); e != cudaSuccess) return e;
+    return cudaSuccess;
+  }();
   if (carveout != cudaSuccess) return carveout;
   const int groups = local_experts + (shared_group ? 1 : 0);
-  const size_t shared_bytes = 3 * static_cast<size_t>(groups) * sizeof(int32_t);
-  return launch_kernel(start, sort_pairs_kernel, dim3(1), dim3(kThreads), shared_bytes, stream, topk_ids, expert_map,
-                        tokens * top_k, top_k, num_experts, tokens, groups, shared_group ? local_experts : -1, plan,
-                        layout);
+  SortArgs args{topk_ids, expert_map, tokens * top_k, tokens, top_k, num_experts,
+                groups,   shared_group ? local_experts : -1, plan, layout};
+  const int64_t blocks = sort_blocks(args.pairs);
+  if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
+  const size_t group_bytes = static_cast<size_t>(groups) * sizeof(int32_t);
+  if (blocks == 1) {
+    args.layout.block_counts = nullptr;
+    return launch_kernel(start, sort_pairs_kernel, dim3(1), dim3(kThreads), 5 * group_bytes, stream, args);
+  }
+  if (layout.block_counts == nullptr) return cudaErrorInvalidValue;  // the workspace holds them (sort_blocks)
+  const dim3 grid(static_cast<unsigned>(blocks));
+  if (const cudaError_t e = launch_kernel(start, count_pairs_kernel, grid, dim3(kThreads), group_bytes, stream, args);
+      e != cudaSuccess)
+    return e;
+  return launch_chained(sort_pairs_kernel, grid, dim3(kThreads), 5 * group_bytes, stream, args);
 }
 
 }  // namespace epmoe::cuda
