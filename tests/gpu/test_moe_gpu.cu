@@ -290,7 +290,9 @@ TEST(GpuMoe, SpecializedTileWalksManyItemsPerCta) {
     ASSERT_EQ(plan.tile_rows, 128) << "the case no longer covers what it names";
     int multiprocessors = 0;
     ASSERT_EQ(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-    ASSERT_GT(4096 * 8 / 128, 2 * multiprocessors) << "row tiles alone exceed the CTAs";
+    // At most one CTA an SM (the tile's shared memory): more row tiles than SMs, each with
+    // its column tiles, leave every CTA several items.
+    ASSERT_GT(4096 * 8 / 128, multiprocessors) << "row tiles alone exceed the CTAs";
     expect_gpu_matches_cpu(options, std::string(quant_scheme_name(scheme)), is_fp8(scheme) ? 3e-2 : 1e-2);
   }
 }
