@@ -64,6 +64,9 @@ TEST(TileSchedule, TileRowsGrowWithRowsPerGroup) {
     previous = rows;
   }
   EXPECT_EQ(cuda::choose_tile_rows(16), 16);  // a decode step: up to 16 rows an expert
+  EXPECT_EQ(cuda::choose_tile_rows(17), 64);
+  EXPECT_EQ(cuda::choose_tile_rows(32), 64);  // measured: the medium tile up to 32 rows an expert
+  EXPECT_EQ(cuda::choose_tile_rows(33), 128);
   EXPECT_EQ(cuda::choose_tile_rows(4096), 128);
 }
 
@@ -112,12 +115,18 @@ TEST(TileSchedule, RoutedTilesFollowExpectedRowsAndSharedExpertsGoApartOnlyWhenT
   // Without shared experts only the routed rows count: qwen3-235b-a22b (128 experts, k = 8)
   // at ep=8, 64 tokens: 4 rows an expert, not the 64 x 8 / 16 of the upper bound.
   EXPECT_EQ(cuda::plan_tiles(64, 8, 128, 16, 0, 4096, 1536).tile_rows, 16);
-  // Llama-4 Scout (16 experts, k = 1, shared I_s = 8192) at 1024 tokens: 64 routed rows an
-  // expert on the medium tile; the 1024 shared rows on 8 x 64 CTAs of their own.
+  // Llama-4 Maverick at ep=8 (16 of 128 experts local, k = 1, shared I_s = 8192) at 1024
+  // tokens: 8 routed rows an expert on the decode tile; the 1024 shared rows on 8 x 64 CTAs
+  // of their own.
+  const cuda::TilePlan maverick = cuda::plan_tiles(1024, 1, 128, 16, 8192, 5120, 8192);
+  EXPECT_EQ(maverick.tile_rows, 16);
+  EXPECT_EQ(maverick.shared_tile_rows, 128);
+  EXPECT_EQ(maverick.shared_tiles, 8);
+  // Llama-4 Scout (16 experts, k = 1) at 1024 tokens: 64 routed rows an expert take the
+  // shared rows' 128-row tile, so both share one list.
   const cuda::TilePlan scout = cuda::plan_tiles(1024, 1, 16, 16, 8192, 5120, 8192);
-  EXPECT_EQ(scout.tile_rows, 64);
-  EXPECT_EQ(scout.shared_tile_rows, 128);
-  EXPECT_EQ(scout.shared_tiles, 8);
+  EXPECT_EQ(scout.tile_rows, 128);
+  EXPECT_EQ(scout.shared_tiles, 0);
 }
 
 TEST(TileSchedule, KSplitsOnlyForGridsUnderAWaveAndNeverBelowFourKTiles) {
@@ -155,7 +164,7 @@ TEST(TileSchedule, SortTakesABlockPerEightThousandPairs) {
   EXPECT_EQ(cuda::sort_blocks(cuda::kPairsPerSortBlock + 8), 2);
   EXPECT_EQ(cuda::sort_blocks(2048 * 8), 2);
   EXPECT_EQ(cuda::sort_blocks(16384 * 8), 16);
-  EXPECT_GT(cuda::plan_tiles(2048, 8, 256, 256, 4096, 7168, 2048).shared_tile_rows, 0)
+  EXPECT_GT(cuda::plan_tiles(2048, 8, 512, 512, 4096, 7168, 2048).shared_tile_rows, 0)
       << "shared_list_apart_two_blocks no longer sets the shared list apart";
 }
 

@@ -146,7 +146,7 @@ INSTANTIATE_TEST_SUITE_P(
                       SortCase{"one_block_full", cuda::kPairsPerSortBlock / 8, 8, 256, 256, false, 0, false},
                       SortCase{"two_blocks_mapped_shared", cuda::kPairsPerSortBlock / 8 + 1, 8, 256, 32, true, 2048,
                                false},
-                      SortCase{"shared_list_apart_two_blocks", 2048, 8, 256, 256, false, 4096, false},
+                      SortCase{"shared_list_apart_two_blocks", 2048, 8, 512, 512, false, 4096, false},
                       SortCase{"sixteen_blocks_mapped_shared", 16384, 8, 256, 32, true, 2048, false},
                       SortCase{"skewed_five_blocks_one_expert_map", 20000, 2, 8, 1, true, 0, true},
                       SortCase{"skewed_single_block", 3000, 2, 8, 8, false, 0, true}),

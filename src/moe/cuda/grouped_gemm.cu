@@ -74,6 +74,8 @@ using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, 16, 64, 8, 1, 4>;
 using MediumConfig = Config<Instruction::kWgmma, 64, 128, 4, 4, 1>;
 // Larger row tiles (128): grouped_gemm_specialized.cu.
 inline constexpr int kSpecializedRows = 128;
+// The most rows an expert expects for which the medium tile is chosen (choose_tile_rows).
+inline constexpr int64_t kMediumMostRows = 32;
 
 __device__ void ldmatrix_x4(uint32_t (&out)[4], const uint8_t* address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -463,7 +465,12 @@ int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_
 
 int choose_tile_rows(int64_t rows_per_group) {
   if (rows_per_group <= DecodeConfig::kRows) return DecodeConfig::kRows;
-  if (rows_per_group <= MediumConfig::kRows) return MediumConfig::kRows;
+  // The warp-specialised 128-row tile overlaps its loads with the tensor cores where the
+  // medium tile waits on each K tile, which outweighs its unused rows from 33 rows an
+  // expert on (ep=8, one H200: 64 rows an expert, deepseek-v3 T=2048 -23% bf16 / -21%
+  // fp8_block, qwen3-30b-a3b T=1024 -10% / -7%, mixtral-8x7b T=256 -9%), not at 32
+  // (qwen3-30b-a3b T=512 +9% / +21%).
+  if (rows_per_group <= kMediumMostRows) return MediumConfig::kRows;
   return kSpecializedRows;
 }
 
