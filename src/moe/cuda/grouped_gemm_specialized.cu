@@ -323,32 +323,31 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
       const int64_t b_rows[2] = {p.first_col, kGated ? p.out_cols + p.first_col : p.first_col};
       const int group = this_tile.group;
       // fp8_block: K tile first_k_tile + kt's scale of this thread's row, and of weight half
-      // `half`, into the slot of stage it + kt.
+      // `half`, into scale slot `slot` (that of the K tile's stage).
+      const ScaleGrid& a_scales = this_tile.shared ? groups.a_shared_scale : groups.a_routed_scale;
+      const ScaleGrid& b_scales = this_tile.shared ? groups.b_shared_scale : groups.b_routed_scale;
       [[maybe_unused]] const float* a_scale_source = nullptr;
       [[maybe_unused]] const float* b_scale_source[2] = {nullptr, nullptr};
       if constexpr (kPerKTile) {
-        const ScaleGrid& a_scales = this_tile.shared ? groups.a_shared_scale : groups.a_routed_scale;
-        const ScaleGrid& b_scales = this_tile.shared ? groups.b_shared_scale : groups.b_routed_scale;
         a_scale_source = a_scales.scales + scale_index(a_scales, max(a_row_of(groups, this_tile, thread), int64_t{0}), group) +
                          p.first_k_tile * a_scales.k_stride;
         for (int half = 0; half < 2; ++half)
           b_scale_source[half] = b_scales.scales + scale_index(b_scales, b_rows[half], this_tile.shared ? 0 : group) +
                                  p.first_k_tile * b_scales.k_stride;
       }
-      auto copy_a_scale = [&](int kt) {
-        const ScaleGrid& a_scales = this_tile.shared ? groups.a_shared_scale : groups.a_routed_scale;
-        copy_scale_async(&control.a_scales[(it + kt) % kScaleSlots][thread], a_scale_source + kt * a_scales.k_stride);
+      auto copy_a_scale = [&](int kt, uint32_t slot) {
+        copy_scale_async(&control.a_scales[slot][thread], a_scale_source + kt * a_scales.k_stride);
       };
       // (the source by a select, not an index: a runtime index puts the array in local memory.)
-      auto copy_b_scale = [&](int kt, int half) {
-        const ScaleGrid& b_scales = this_tile.shared ? groups.b_shared_scale : groups.b_routed_scale;
-        copy_scale_async(&control.b_scales[(it + kt) % kScaleSlots][half],
+      auto copy_b_scale = [&](int kt, int half, uint32_t slot) {
+        copy_scale_async(&control.b_scales[slot][half],
                          (half == 0 ? b_scale_source[0] : b_scale_source[1]) + kt * b_scales.k_stride);
       };
       const bool up_front = scales_up_front(p.k_tiles);
-      if (kPerKTile && up_front) {
-        for (int kt = 0; kt < p.k_tiles; ++kt) copy_a_scale(kt);
-        for (int i = thread; i < 2 * p.k_tiles; i += Tile::kProducerThreads) copy_b_scale(i / 2, i % 2);
+      if (kPerKTile && up_front) {  // K tile kt's stage will be it + kt
+        for (int kt = 0; kt < p.k_tiles; ++kt) copy_a_scale(kt, (it + kt) % kScaleSlots);
+        for (int i = thread; i < 2 * p.k_tiles; i += Tile::kProducerThreads)
+          copy_b_scale(i / 2, i % 2, (it + i / 2) % kScaleSlots);
       }
       const CUtensorMap& b_map = this_tile.shared ? b_shared_map : b_routed_map;
       const int expert = this_tile.shared ? 0 : group;
@@ -374,14 +373,9 @@ __global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
           copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + static_cast<int64_t>(k0) * Op::kBytes : A,
                      valid);
         }
-        if (kPerKTile && !up_front) {  // into the slot of this stage, it (not it + kt)
-          const ScaleGrid& a_scales = this_tile.shared ? groups.a_shared_scale : groups.a_routed_scale;
-          copy_scale_async(&control.a_scales[it % kScaleSlots][thread], a_scale_source + kt * a_scales.k_stride);
-          if (thread < 2) {
-            const ScaleGrid& b_scales = this_tile.shared ? groups.b_shared_scale : groups.b_routed_scale;
-            copy_scale_async(&control.b_scales[it % kScaleSlots][thread],
-                             (thread == 0 ? b_scale_source[0] : b_scale_source[1]) + kt * b_scales.k_stride);
-          }
+        if (kPerKTile && !up_front) {  // with this stage, it
+          copy_a_scale(kt, it % kScaleSlots);
+          if (thread < 2) copy_b_scale(kt, thread, it % kScaleSlots);
         }
         barrier_arrive_after_copies(&control.full[s]);
       }
