@@ -66,11 +66,15 @@ struct Config {
                 "swapped wgmma: one warpgroup, m64 over 64 weight rows, n16 over 16 tokens (kMmaN = Rows / 8)");
 };
 
-// Decode: narrow column tiles (twice the CTAs of 128) and a deep ring (7 stages of 8 KiB of
-// weights in flight per CTA), so even one or two experts keep every SM streaming. bf16 on
-// mma.sync, e4m3 on swapped wgmma (same tiles, same ring).
+// Decode: narrow column tiles (twice the CTAs of 128) and a deep ring, so even one or two
+// experts keep every SM streaming. bf16 on mma.sync with 8 stages of 8 KiB of weights (two
+// CTAs an SM; 6 stages lost up to 13% on mixtral-8x7b). e4m3 on swapped wgmma, same tiles,
+// 6 stages (three CTAs an SM): its K loop waits on each K tile's wgmma before applying the
+// scales, and a third CTA hides that wait (ep=8, one H200: deepseek-v3 fp8_block T=2-16 -7 to
+// -10%, qwen3 T=16-256 -5 to -16%; 4 stages gained more from 16 rows an expert on but lost up
+// to 18% at T=1-4, docs/KERNELS.md).
 using DecodeConfig = Config<Instruction::kMmaSync, 16, 64, 8, 1, 4>;
-using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, 16, 64, 8, 1, 4>;
+using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, 16, 64, 6, 1, 4>;
 using MediumConfig = Config<Instruction::kWgmma, 64, 128, 4, 4, 1>;
 // Larger row tiles (128): grouped_gemm_specialized.cu.
 inline constexpr int kSpecializedRows = 128;
