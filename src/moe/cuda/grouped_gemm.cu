@@ -440,6 +440,8 @@ cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, in
   return launch_chained(kernel, grid, dim3(Cfg::kThreads), Cfg::kSharedBytes, stream, groups, layout, activation);
 }
 
+}  // namespace
+
 int multiprocessor_count() {
   static const int count = [] {
     int device = 0, value = 0;
@@ -450,8 +452,6 @@ int multiprocessor_count() {
   }();
   return count;
 }
-
-}  // namespace
 
 int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_t k) {
   // A GEMM2 CTA's columns and how many of its CTAs an SM holds (shared memory: the decode and

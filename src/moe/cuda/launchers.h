@@ -124,6 +124,8 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
 // B), which launch_grouped_gemm takes for tile_rows = 128; split K for GEMM2 (not gated).
 cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
                                     Activation activation, cudaStream_t stream);
+// The SMs of the current device (132 where the query fails: a tuning input only).
+int multiprocessor_count();
 // The tile height launch_grouped_gemm works best with for groups of this many rows.
 int choose_tile_rows(int64_t rows_per_group);
 // How many ways GEMM2 splits K: where its CTAs (expected_row_tiles x the column tiles of
@@ -144,9 +146,24 @@ struct PairOutputs {
   int64_t partial_stride = 0;
   bool shared_rows_whole = false;  // the shared group's rows are bf16 rows even when k_splits > 1
 };
-cudaError_t launch_combine(const PairOutputs& pair_out, const int32_t* slot_of_pair, const float* topk_weights,
-                           const int32_t* group_offsets, int shared_group, bool unit_weights, int64_t tokens,
-                           int top_k, int64_t hidden, uint16_t* y, cudaStream_t stream);
+// The most tokens a combine block takes.
+inline constexpr int kMaxCombineTokensPerBlock = 8;
+struct CombineArgs {
+  PairOutputs pair_out;
+  const int32_t* slot_of_pair;  // [T, k]
+  const float* topk_weights;    // [T, k]
+  const int32_t* group_offsets;
+  int shared_group = -1;  // the shared experts' group, -1: none
+  bool unit_weights = false;
+  int64_t tokens = 0;
+  int top_k = 1;
+  int64_t hidden = 0;
+  uint16_t* y = nullptr;  // [T, H]
+  int tokens_per_block = 1;  // 1 .. kMaxCombineTokensPerBlock; the result does not depend on it
+};
+// The tokens a combine block takes for this many tokens of H columns.
+int combine_tokens_per_block(int64_t tokens, int64_t hidden);
+cudaError_t launch_combine(const CombineArgs& args, cudaStream_t stream);
 // x_scaled[t] = bf16(x[t] * w[t]) for the router weight on the input (k = 1).
 cudaError_t launch_scale_rows(const uint16_t* x, const float* topk_weights, int64_t tokens, int64_t hidden,
                        uint16_t* x_scaled, cudaStream_t stream);

@@ -370,10 +370,15 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
 
   const cuda::PairOutputs pair_out{layout.pair_out, layout.pair_out_partials, layout.tiles.k_splits,
                                    layout.slots * s.hidden, layout.tiles.shared_tiles > 0};
-  CUDA_CHECK(cuda::launch_combine(pair_out, layout.pairs.slot_of_pair, topk_weights, layout.pairs.group_offsets,
-                                  shared ? static_cast<int>(s.num_local_experts) : -1,
-                                  spec.apply_router_weight_on_input, s.tokens, static_cast<int>(s.top_k), s.hidden,
-                                  out.data_as<uint16_t>(), stream));
+  cuda::CombineArgs combine{pair_out, layout.pairs.slot_of_pair, topk_weights, layout.pairs.group_offsets};
+  combine.shared_group = shared ? static_cast<int>(s.num_local_experts) : -1;
+  combine.unit_weights = spec.apply_router_weight_on_input;
+  combine.tokens = s.tokens;
+  combine.top_k = static_cast<int>(s.top_k);
+  combine.hidden = s.hidden;
+  combine.y = out.data_as<uint16_t>();
+  combine.tokens_per_block = cuda::combine_tokens_per_block(s.tokens, s.hidden);
+  CUDA_CHECK(cuda::launch_combine(combine, stream));
   return {};
 }
 
