@@ -152,7 +152,7 @@ struct CombineArgs {
   PairOutputs pair_out;
   const int32_t* slot_of_pair;  // [T, k]
   const float* topk_weights;    // [T, k]
-  const int32_t* group_offsets;
+  const int32_t* group_offsets;  // [groups + 1]
   int shared_group = -1;  // the shared experts' group, -1: none
   bool unit_weights = false;
   int64_t tokens = 0;
