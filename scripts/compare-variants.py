@@ -33,9 +33,14 @@ def rounds_of(out, name):
         return None
     found = {}
     for path in paths:
-        for key, seconds in times(path).items():
+        try:
+            runs = times(path)
+        except (ValueError, KeyError) as error:  # a round whose benches all failed
+            print(f"({path}: unreadable, {error})", file=sys.stderr)
+            continue
+        for key, seconds in runs.items():
             found.setdefault(key, []).append(seconds)
-    return found
+    return found or None
 
 
 def cell(values, base=None):
