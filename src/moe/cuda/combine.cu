@@ -192,7 +192,7 @@ int combine_tokens_per_block(int64_t tokens, int64_t hidden) {
 cudaError_t launch_combine(const CombineArgs& args, cudaStream_t stream) {
   if (args.tokens == 0) return cudaSuccess;
   if (args.tokens_per_block < 1 || args.tokens_per_block > kMaxCombineTokensPerBlock) return cudaErrorInvalidValue;
-  static const cudaError_t carveout = prefer_max_shared_memory(reinterpret_cast<const void*>(combine_kernel));
+  static const cudaError_t carveout = prefer_max_shared_memory(combine_kernel);
   if (carveout != cudaSuccess) return carveout;
   const dim3 grid(static_cast<unsigned>((args.tokens + args.tokens_per_block - 1) / args.tokens_per_block),
                   static_cast<unsigned>((args.hidden + kColumnsPerBlock - 1) / kColumnsPerBlock));
@@ -202,7 +202,7 @@ cudaError_t launch_combine(const CombineArgs& args, cudaStream_t stream) {
 cudaError_t launch_scale_rows(const uint16_t* x, const float* topk_weights, int64_t tokens, int64_t hidden,
                               uint16_t* x_scaled, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  static const cudaError_t carveout = prefer_max_shared_memory(reinterpret_cast<const void*>(scale_rows_kernel));
+  static const cudaError_t carveout = prefer_max_shared_memory(scale_rows_kernel);
   if (carveout != cudaSuccess) return carveout;
   return launch_chained(scale_rows_kernel, dim3(static_cast<unsigned>(tokens)), dim3(kThreads), 0, stream, x,
                         topk_weights, hidden, x_scaled);

@@ -430,7 +430,7 @@ cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, in
   static const cudaError_t attribute_error = [&] {
     const cudaError_t error =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSharedBytes));
-    return error != cudaSuccess ? error : prefer_max_shared_memory(reinterpret_cast<const void*>(kernel));
+    return error != cudaSuccess ? error : prefer_max_shared_memory(kernel);
   }();
   if (attribute_error != cudaSuccess) return attribute_error;
   const int64_t widest = column_extent(groups, kGated);

@@ -545,12 +545,10 @@ cudaError_t weight_tensor_map(CUtensorMap& map, const void* weights, int64_t exp
 template <typename Kernel>
 std::pair<cudaError_t, int64_t> resident_ctas(Kernel* kernel, unsigned threads, size_t shared_bytes, unsigned cluster) {
   if (cluster == 1) {
-    int per_multiprocessor = 0, device = 0, multiprocessors = 0;
+    int per_multiprocessor = 0;
     cudaError_t error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, threads, shared_bytes);
-    if (error == cudaSuccess) error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
     if (error == cudaSuccess && per_multiprocessor == 0) error = cudaErrorInvalidConfiguration;
-    return {error, int64_t{per_multiprocessor} * multiprocessors};
+    return {error, int64_t{per_multiprocessor} * multiprocessor_count()};
   }
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeClusterDimension;
@@ -576,7 +574,7 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
   static const cudaError_t attribute_error = [&] {
     const cudaError_t error =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes));
-    return error != cudaSuccess ? error : prefer_max_shared_memory(reinterpret_cast<const void*>(kernel));
+    return error != cudaSuccess ? error : prefer_max_shared_memory(kernel);
   }();
   if (attribute_error != cudaSuccess) return attribute_error;
   // Both maps exist for the launch; one without weights stands in for the other (never read).

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <utility>
 
 namespace epmoe::cuda {
@@ -17,9 +18,16 @@ __device__ __forceinline__ void allow_successor() { asm volatile("griddepcontrol
 
 // Every kernel of the pipeline asks for the same L1/shared split (as much shared memory as
 // possible, what the GEMMs need), so consecutive kernels do not make the SMs reconfigure
-// between them, which would serialise the chained launches. Call once per kernel.
-inline cudaError_t prefer_max_shared_memory(const void* kernel) {
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+// between them, which would serialise the chained launches. Call once per kernel (a
+// launcher's kernels at once: the first error is returned).
+template <typename... Kernels>
+cudaError_t prefer_max_shared_memory(Kernels*... kernels) {
+  for (const void* kernel : {reinterpret_cast<const void*>(kernels)...})
+    if (const cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                       cudaSharedmemCarveoutMaxShared);
+        error != cudaSuccess)
+      return error;
+  return cudaSuccess;
 }
 
 // When a launch may start: kEarly, while its predecessor in the stream finishes (each kernel

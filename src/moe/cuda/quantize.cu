@@ -135,13 +135,8 @@ __global__ void tensor_codes_kernel(Fp8Quantize q) {
 
 cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream) {
   if (q.rows == 0) return cudaSuccess;
-  static const cudaError_t carveout = [] {
-    for (const void* kernel : {reinterpret_cast<const void*>(quantize_groups_kernel),
-                               reinterpret_cast<const void*>(quantize_rows_kernel),
-                               reinterpret_cast<const void*>(tensor_codes_kernel)})
-      if (const cudaError_t e = prefer_max_shared_memory(kernel); e != cudaSuccess) return e;
-    return cudaSuccess;
-  }();
+  static const cudaError_t carveout =
+      prefer_max_shared_memory(quantize_groups_kernel, quantize_rows_kernel, tensor_codes_kernel);
   if (carveout != cudaSuccess) return carveout;
   const unsigned rows = static_cast<unsigned>(q.rows);
   switch (q.granularity) {

@@ -202,7 +202,7 @@ cudaError_t launch_route(const RoutingSpec& spec, const void* logits, bool logit
   const unsigned blocks = static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
   // Experts per lane held in registers: the fewest of 4, 8, 32 that cover E.
   auto launch = [&]<int kPerLane>() {
-    static const cudaError_t carveout = prefer_max_shared_memory(reinterpret_cast<const void*>(route_kernel<kPerLane>));
+    static const cudaError_t carveout = prefer_max_shared_memory(route_kernel<kPerLane>);
     if (carveout != cudaSuccess) return carveout;
     return launch_kernel(start, route_kernel<kPerLane>, dim3(blocks), dim3(kWarpsPerBlock * 32), shared_bytes, stream,
                          spec, logits, logits_bf16, correction_bias, tokens, topk_ids, topk_weights);

@@ -209,12 +209,7 @@ PairLayout shared_tile_list(const PairLayout& layout, const TilePlan& plan, int6
 cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map, int64_t tokens, int top_k,
                               int num_experts, int local_experts, bool shared_group, const TilePlan& plan,
                               const PairLayout& layout, cudaStream_t stream, Start start) {
-  static const cudaError_t carveout = [] {
-    for (const void* kernel :
-         {reinterpret_cast<const void*>(count_pairs_kernel), reinterpret_cast<const void*>(sort_pairs_kernel)})
-      if (const cudaError_t e = prefer_max_shared_memory(kernel); e != cudaSuccess) return e;
-    return cudaSuccess;
-  }();
+  static const cudaError_t carveout = prefer_max_shared_memory(count_pairs_kernel, sort_pairs_kernel);
   if (carveout != cudaSuccess) return carveout;
   const int groups = local_experts + (shared_group ? 1 : 0);
   SortArgs args{topk_ids, expert_map, tokens * top_k, tokens, top_k, num_experts,
