@@ -92,19 +92,20 @@ __device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, i
   int32_t* tile_end = tile_first + a.groups;
   const bool shared_apart = a.shared_group >= 0 && plan.shared_tile_rows > 0;
   const bool writes_schedule = blockIdx.x == 0;
+  auto apart = [&](int g) { return shared_apart && g == a.shared_group; };  // on the shared group's own list
+  auto tile_rows_of = [&](int g) { return apart(g) ? plan.shared_tile_rows : plan.tile_rows; };
   if (threadIdx.x == 0) {
     if (a.shared_group >= 0) totals[a.shared_group] = static_cast<int32_t>(a.tokens);
     int32_t slot = 0, tile = 0;
     for (int g = 0; g < a.groups; ++g) {
       const int32_t count = totals[g];
-      const bool apart = shared_apart && g == a.shared_group;
-      const int rows = apart ? plan.shared_tile_rows : plan.tile_rows;
-      const int32_t first = apart ? static_cast<int32_t>(plan.max_tiles) : tile;
-      const int32_t capacity = apart ? static_cast<int32_t>(plan.max_tiles + plan.shared_tiles)
-                                     : static_cast<int32_t>(plan.max_tiles);
+      const int rows = tile_rows_of(g);
+      const int32_t first = apart(g) ? static_cast<int32_t>(plan.max_tiles) : tile;
+      const int32_t capacity = apart(g) ? static_cast<int32_t>(plan.max_tiles + plan.shared_tiles)
+                                        : static_cast<int32_t>(plan.max_tiles);
       tile_first[g] = first;
       tile_end[g] = min(first + (count + rows - 1) / rows, capacity);  // the plan's bounds make min a no-op
-      if (!apart) tile = tile_end[g];
+      if (!apart(g)) tile = tile_end[g];
       base[g] = slot;
       if (writes_schedule) layout.group_counts[g] = count, layout.group_offsets[g] = slot;
       slot += count;
@@ -118,7 +119,7 @@ __device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, i
   __syncthreads();
   if (writes_schedule)
     for (int g = threadIdx.x; g < a.groups; g += kThreads) {
-      const int rows = shared_apart && g == a.shared_group ? plan.shared_tile_rows : plan.tile_rows;
+      const int rows = tile_rows_of(g);
       for (int32_t tile = tile_first[g], row = 0; tile < tile_end[g]; ++tile, row += rows) {
         layout.tile_group[tile] = g;
         layout.tile_row[tile] = base[g] + row;
