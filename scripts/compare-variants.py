@@ -14,14 +14,12 @@ import os
 import statistics
 import sys
 
+from bench_results import cases
+
 
 def times(path):
     """{(model, quant, ep, tokens): seconds} of one bench.json."""
-    found = {}
-    for run in json.load(open(path)):
-        for result in run["results"]:
-            found[(run["model"], run.get("quant", "bf16"), run["ep"], result["tokens"])] = result["seconds"]
-    return found
+    return {key: result["seconds"] for key, result in cases(json.load(open(path)))}
 
 
 def rounds_of(out, name):

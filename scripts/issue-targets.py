@@ -15,6 +15,8 @@ bf16 at every T.
 import json
 import sys
 
+from bench_results import cases
+
 BANDWIDTH_BOUND_TOKENS = {"deepseek-v3": 64, "qwen3-235b-a22b": 64, "qwen3-30b-a3b": 16}  # at ep=8
 
 
@@ -34,18 +36,16 @@ def main():
     print("| preset | scheme | ep | T | target | ratio | met |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     times = {}
-    for run in runs:
-        quant = run.get("quant", "bf16")
-        for r in run["results"]:
-            times[(run["model"], quant, run["ep"], r["tokens"])] = r["seconds"]
-            covered = target(run["model"], quant, run["ep"], r["tokens"])
-            if covered is None:
-                continue
-            limit, name = covered
-            ok = r["ratio"] <= limit
-            met, missed = met + ok, missed + (not ok)
-            print(f"| {run['model']} | {quant} | {run['ep']} | {r['tokens']} | <= {limit} ({name}) | "
-                  f"{r['ratio']:.2f} | {'yes' if ok else 'no'} |")
+    for (model, quant, ep, tokens), r in cases(runs):
+        times[(model, quant, ep, tokens)] = r["seconds"]
+        covered = target(model, quant, ep, tokens)
+        if covered is None:
+            continue
+        limit, name = covered
+        ok = r["ratio"] <= limit
+        met, missed = met + ok, missed + (not ok)
+        print(f"| {model} | {quant} | {ep} | {tokens} | <= {limit} ({name}) | {r['ratio']:.2f} | "
+              f"{'yes' if ok else 'no'} |")
     print(f"\nRatio targets: {met} met, {missed} missed.")
     speedups = []
     for (model, quant, ep, tokens), seconds in sorted(times.items()):
