@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -154,6 +156,103 @@ TEST(TileSchedule, KSplitsOnlyForGridsUnderAWaveAndNeverBelowFourKTiles) {
   EXPECT_EQ(cuda::plan_tiles(1024, 2, 8, 1, 0, 4096, 14336).k_splits, cuda::choose_k_splits(128, 2, 4096, 14336));
   // deepseek-v3 at ep=8, 16k tokens: thousands of CTAs, no split.
   EXPECT_EQ(cuda::plan_tiles(16384, 8, 256, 32, 2048, 7168, 2048).k_splits, 1);
+}
+
+// E[ceil(n / rows)], n ~ Binomial(T, p), against its exact value where n is at most one, and
+// against the mean over many draws.
+TEST(TileSchedule, ExpectedTilesPerExpertIsTheBinomialMean) {
+  EXPECT_DOUBLE_EQ(cuda::expected_tiles_per_expert(0, 0.5, 16), 0.0);
+  EXPECT_NEAR(cuda::expected_tiles_per_expert(1, 8.0 / 256, 16), 8.0 / 256, 1e-12);  // P(n = 1)
+  EXPECT_NEAR(cuda::expected_tiles_per_expert(5, 0.25, 1), 5 * 0.25, 1e-12);          // rows of one: E[n]
+  EXPECT_DOUBLE_EQ(cuda::expected_tiles_per_expert(300, 1.0, 128), 3.0);
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int64_t tokens = 1 + static_cast<int64_t>(rng() % 20000);
+    const double pick = std::uniform_real_distribution<double>(0.001, 0.5)(rng);
+    const int rows = std::vector<int>{16, 64, 128}[rng() % 3];
+    std::binomial_distribution<int64_t> rows_of_expert(tokens, pick);
+    constexpr int kDraws = 4000;
+    double sum = 0, sum_squares = 0;
+    for (int d = 0; d < kDraws; ++d) {
+      const double tiles = static_cast<double>((rows_of_expert(rng) + rows - 1) / rows);
+      sum += tiles, sum_squares += tiles * tiles;
+    }
+    const double mean = sum / kDraws, spread = std::sqrt(std::max(0.0, sum_squares / kDraws - mean * mean) / kDraws);
+    EXPECT_NEAR(cuda::expected_tiles_per_expert(tokens, pick, rows), mean, 5 * spread + 1e-3)
+        << tokens << " tokens, pick " << pick << ", rows " << rows;
+  }
+}
+
+// The plan's likely tile count against routings drawn as the model draws them (each token k
+// distinct experts of E, uniformly), counting the tiles of the rank's first L experts.
+TEST(TileSchedule, LikelyTilesMatchDrawnRoutings) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  struct Shape {
+    int64_t tokens, top_k, experts, local, shared_intermediate;
+  };
+  for (const Shape& s : {Shape{1, 8, 256, 32, 2048}, Shape{16, 8, 256, 32, 2048}, Shape{2048, 8, 128, 16, 0},
+                         Shape{1024, 2, 8, 1, 0}, Shape{4096, 8, 256, 256, 0}, Shape{64, 8, 128, 128, 0}}) {
+    const cuda::TilePlan plan = cuda::plan_tiles(s.tokens, s.top_k, s.experts, s.local, s.shared_intermediate, 1024, 1024);
+    const int64_t shared_in_main = s.shared_intermediate > 0 && plan.shared_tile_rows == 0
+                                       ? (s.tokens + plan.tile_rows - 1) / plan.tile_rows
+                                       : 0;
+    constexpr int kDraws = 200;
+    double tiles = 0;
+    std::vector<int> experts(s.experts);
+    for (int d = 0; d < kDraws; ++d) {
+      std::vector<int64_t> counts(s.local, 0);
+      for (int64_t t = 0; t < s.tokens; ++t) {
+        std::iota(experts.begin(), experts.end(), 0);
+        for (int64_t j = 0; j < s.top_k; ++j) {  // a partial shuffle: k distinct experts
+          std::swap(experts[j], experts[j + static_cast<int64_t>(rng() % (s.experts - j))]);
+          if (experts[j] < s.local) ++counts[experts[j]];
+        }
+      }
+      tiles += static_cast<double>(tiles_needed(counts, plan.tile_rows) + shared_in_main);
+    }
+    const double drawn = tiles / kDraws;
+    EXPECT_NEAR(static_cast<double>(plan.likely_tiles), std::max(1.0, drawn), 0.5 + 0.03 * drawn)
+        << s.tokens << " tokens, " << s.local << " of " << s.experts << " experts";
+    EXPECT_LE(plan.likely_tiles, plan.max_tiles);
+  }
+}
+
+// Which config a launch takes by its likely size: the e4m3 decode ring's depth by whether the
+// deep ring's CTAs (three an SM) all fit at once; the bf16 specialised tile's width by its
+// rounds of one CTA an SM.
+TEST(TileSchedule, ConfigsFollowTheLikelyLaunchSize) {
+  const int64_t sms = cuda::multiprocessor_count();
+  EXPECT_EQ(cuda::choose_fp8_decode_stages(1), 6);
+  EXPECT_EQ(cuda::choose_fp8_decode_stages(3 * sms), 6);
+  EXPECT_EQ(cuda::choose_fp8_decode_stages(3 * sms + 1), 4);
+  EXPECT_EQ(cuda::specialized_tile_cols(true, true, 1, 768, 1), 128) << "e4m3: one width";
+  if (sms != 132) GTEST_SKIP() << "the widths below are worked out for 132 SMs (the H200's, and the fallback)";
+  struct Launch {
+    int64_t tiles, out_cols;
+    bool gated;
+    int cols;
+  };
+  // Worked out by hand: 256 wide, tiles x ceil(out / 128) items gated (256 not), in
+  // ceil(items / 132) rounds; 128 wide, twice the items, a round 5/8 of the time.
+  for (const Launch& l : {
+           Launch{24, 768, true, 128},    // qwen3-30b-a3b ep=8 T=2048 GEMM1: 144 items, 2 rounds; 288, 3
+           Launch{16, 1536, true, 128},   // qwen3-235b-a22b ep=8 T=1024 GEMM1: 192, 2; 384, 3
+           Launch{16, 4096, false, 256},  // its GEMM2: 256, 2; 512, 4
+           Launch{40, 768, true, 256},    // qwen3-30b-a3b ep=8 T=4096 GEMM1: 240, 2; 480, 4
+           Launch{16, 768, true, 256},    // qwen3-30b-a3b ep=8 T=1024 GEMM1: 96, 1; 192, 2
+           Launch{1, 256, true, 128},     // 2, 1; 4, 1
+           Launch{2000, 2048, true, 256}, // thousands of items: the wider tile's rate
+       })
+    EXPECT_EQ(cuda::specialized_tile_cols(false, l.gated, l.tiles, l.out_cols, 1), l.cols)
+        << l.tiles << " tiles, " << l.out_cols << (l.gated ? " gated" : "") << " columns";
+  // Split K multiplies the items: GEMM2 of 8 tiles over 2048 columns, 64 items (128: 128, one
+  // round either way), split 4 ways: 256 items, 2 rounds; 512, 4.
+  EXPECT_EQ(cuda::specialized_tile_cols(false, false, 8, 2048, 1), 128);
+  EXPECT_EQ(cuda::specialized_tile_cols(false, false, 8, 2048, 4), 256);
 }
 
 // sort_pairs' blocks: one per kPairsPerSortBlock pairs; and the plan that

@@ -48,6 +48,7 @@ struct FusedCase {
   int64_t tokens;
   int tile_rows;  // the tile these tokens take: 16 (decode), 64 (medium) or 128 (specialised)
   bool more_items_than_ctas = false;  // specialised: persistent CTAs walk several work items each
+  int fp8_decode_stages = 0;  // decode tile: the ring depth the launch is made to take (0: the plan's)
 };
 
 class FusedQuantize : public ::testing::TestWithParam<FusedCase> {};
@@ -131,7 +132,13 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   q.group = 128;
   q.static_scale = per_group ? nullptr : intermediate_scale;
   q.scopes_per_tile = scopes;
-  ASSERT_EQ(cuda::launch_grouped_gemm(gemm, layout, max_tiles, /*gated=*/true, Activation::kSilu, tile_rows, nullptr),
+  // The likely tile count picks the decode tile's ring depth (and nothing that matters for
+  // the results): a count past what the deep ring's CTAs fill makes it take the shallow one.
+  const int64_t likely_tiles = c.fp8_decode_stages == 0 ? plan.likely_tiles : c.fp8_decode_stages == 6 ? 1 : 1 << 20;
+  if (c.fp8_decode_stages != 0)
+    ASSERT_EQ(cuda::choose_fp8_decode_stages(likely_tiles * (kIntermediate / 32)), c.fp8_decode_stages);
+  ASSERT_EQ(cuda::launch_grouped_gemm(gemm, layout, max_tiles, likely_tiles, /*gated=*/true, Activation::kSilu,
+                                      tile_rows, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   if (c.more_items_than_ctas) {
@@ -184,10 +191,13 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
 
 INSTANTIATE_TEST_SUITE_P(
     Schemes, FusedQuantize,
-    ::testing::Values(FusedCase{"per_group_decode_tile", cuda::Fp8Granularity::kPerGroup, 3, 16},
+    ::testing::Values(FusedCase{"per_group_decode_tile", cuda::Fp8Granularity::kPerGroup, 3, 16, false, 6},
+                      FusedCase{"per_group_decode_tile_shallow_ring", cuda::Fp8Granularity::kPerGroup, 3, 16, false, 4},
                       FusedCase{"per_group_medium_tile", cuda::Fp8Granularity::kPerGroup, 60, 64},
                       FusedCase{"per_group_specialized_tile", cuda::Fp8Granularity::kPerGroup, 400, 128},
-                      FusedCase{"static_per_tensor_decode_tile", cuda::Fp8Granularity::kPerTensor, 3, 16},
+                      FusedCase{"static_per_tensor_decode_tile", cuda::Fp8Granularity::kPerTensor, 3, 16, false, 6},
+                      FusedCase{"static_per_tensor_decode_tile_shallow_ring", cuda::Fp8Granularity::kPerTensor, 3, 16,
+                                false, 4},
                       FusedCase{"static_per_tensor_medium_tile", cuda::Fp8Granularity::kPerTensor, 60, 64},
                       FusedCase{"static_per_tensor_specialized_tile", cuda::Fp8Granularity::kPerTensor, 400, 128},
                       // More work items than the GPU holds CTAs: each persistent CTA (pair)

@@ -297,6 +297,50 @@ TEST(GpuMoe, SpecializedTileWalksManyItemsPerCta) {
   }
 }
 
+// The e4m3 decode tile's ring at both depths (choose_fp8_decode_stages, by a launch's likely
+// CTAs): qwen3-30b-a3b's routing at reduced sizes, 64 tokens on one rank (most of its 128
+// experts get a few rows: ~1000 GEMM1 CTAs, the shallow ring) and on one of eight (16
+// experts: ~130 CTAs, the deep ring).
+TEST(GpuMoe, Fp8DecodeTileOnBothRingDepths) {
+  for (int ranks : {1, 8}) {
+    RandomCaseOptions options = preset_options(*find_preset("qwen3-30b-a3b"), 64, false, ranks, 0);
+    options.spec.quant.scheme = QuantScheme::kFp8Block;
+    options.intermediate = 256;
+    const cuda::TilePlan plan = cuda::plan_tiles(64, 8, 128, 128 / ranks, 0, options.hidden, options.intermediate);
+    ASSERT_EQ(plan.tile_rows, 16) << "the case no longer covers what it names";
+    const int64_t gemm1_ctas = plan.likely_tiles * (options.intermediate / 32);  // gated: 32 outputs a tile
+    ASSERT_EQ(cuda::choose_fp8_decode_stages(gemm1_ctas), ranks == 1 ? 4 : 6) << "the case no longer covers what it names";
+    expect_gpu_matches_cpu(options, "ranks " + std::to_string(ranks), 3e-2);
+  }
+}
+
+// The bf16 specialised tile at both widths (specialized_tile_cols, by a launch's likely work
+// items), I = 256: qwen3-30b-a3b's routing at reduced sizes, 1000 tokens on one rank of eight
+// (16 experts of ~62 rows: fewer 256-wide items than SMs, so 128 wide), and deepseek-v3's,
+// 4096 tokens on a single rank (~400 row tiles: 256 wide).
+TEST(GpuMoe, Bf16SpecializedTileOnBothWidths) {
+  struct WidthCase {
+    const char* preset;
+    int64_t tokens;
+    int ranks, cols;
+  };
+  for (const WidthCase& c : {WidthCase{"qwen3-30b-a3b", 1000, 8, 128}, WidthCase{"deepseek-v3", 4096, 1, 256}}) {
+    RandomCaseOptions options = preset_options(*find_preset(c.preset), c.tokens, false, c.ranks, 0);
+    options.intermediate = 256;
+    const RoutingSpec& routing = options.spec.routing;
+    const cuda::TilePlan plan = cuda::plan_tiles(c.tokens, routing.top_k, routing.num_experts,
+                                                 routing.num_experts / c.ranks, options.shared_intermediate,
+                                                 options.hidden, options.intermediate);
+    ASSERT_EQ(plan.tile_rows, 128) << c.preset << ": the case no longer covers what it names";
+    ASSERT_EQ(plan.shared_tiles, 0) << c.preset << ": one tile list";
+    const int64_t gemm1_cols = std::max(options.intermediate, options.shared_intermediate);
+    ASSERT_EQ(cuda::specialized_tile_cols(false, true, plan.likely_tiles, gemm1_cols, 1), c.cols) << c.preset;
+    ASSERT_EQ(cuda::specialized_tile_cols(false, false, plan.likely_tiles, options.hidden, plan.k_splits), c.cols)
+        << c.preset;
+    expect_gpu_matches_cpu(options, c.preset, 1e-2);
+  }
+}
+
 TEST(GpuMoe, Fp8BlockAtFullHiddenSize) {
   for (const char* name : {"deepseek-v3", "qwen3-235b-a22b"}) {
     RandomCaseOptions options = preset_options(*find_preset(name), 7, true, 8, 0);

@@ -29,6 +29,7 @@
 // keep their accumulators in the same fragment order, so one epilogue serves both; the
 // swapped tile holds its accumulators transposed and has its own.
 #include <algorithm>
+#include <cmath>
 
 #include "gemm_tiles.cuh"
 #include "launch.cuh"
@@ -68,13 +69,21 @@ struct Config {
 
 // Decode: narrow column tiles (twice the CTAs of 128) and a deep ring, so even one or two
 // experts keep every SM streaming. bf16 on mma.sync with 8 stages of 8 KiB of weights (two
-// CTAs an SM; 6 stages lost up to 13% on mixtral-8x7b). e4m3 on swapped wgmma, same tiles,
-// 6 stages (three CTAs an SM): its K loop waits on each K tile's wgmma before applying the
-// scales, and a third CTA hides that wait (ep=8, one H200: deepseek-v3 fp8_block T=2-16 -7 to
-// -10%, qwen3 T=16-256 -5 to -16%; 4 stages gained more from 16 rows an expert on but lost up
-// to 18% at T=1-4, docs/KERNELS.md).
+// CTAs an SM; 6 stages lost up to 13% on mixtral-8x7b). e4m3 on swapped wgmma, same tiles:
+// its K loop waits on each K tile's wgmma before applying the scales, and more resident CTAs
+// hide that wait where a deeper ring does not. 6 stages (three CTAs an SM) while the SMs hold
+// a launch's CTAs at once, else 4 (five an SM; choose_fp8_decode_stages). Measured against 8
+// (ep=8, one H200, docs/KERNELS.md): 6 stages deepseek-v3 fp8_block T=2-16 -7 to -10%;
+// 4 stages up to -22% from about one row an expert on, but up to +18% at T=1-4.
 using DecodeConfig = Config<Instruction::kMmaSync, 16, 64, 8, 1, 4>;
 using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, 16, 64, 6, 1, 4>;
+using DecodeFp8ShallowConfig = Config<Instruction::kWgmmaSwapped, 16, 64, 4, 1, 4>;
+// CTAs of a config an SM holds: its 228 KiB of shared memory, 1 KiB of each CTA's reserved.
+template <typename Cfg>
+constexpr int64_t ctas_per_multiprocessor() {
+  return 228 * 1024 / (Cfg::kSharedBytes + 1024);
+}
+static_assert(ctas_per_multiprocessor<DecodeFp8Config>() == 3 && ctas_per_multiprocessor<DecodeFp8ShallowConfig>() == 5);
 using MediumConfig = Config<Instruction::kWgmma, 64, 128, 4, 4, 1>;
 // Larger row tiles (128): grouped_gemm_specialized.cu.
 inline constexpr int kSpecializedRows = 128;
@@ -460,11 +469,35 @@ int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_
   const int cols = tile_rows == DecodeConfig::kRows ? DecodeConfig::kCols
                    : tile_rows == MediumConfig::kRows ? MediumConfig::kCols : 256;
   const int per_sm = tile_rows == kSpecializedRows ? 1 : 2;
-  static_assert(2 * (MediumConfig::kSharedBytes + 1024) <= 228 * 1024 && 2 * (DecodeConfig::kSharedBytes + 1024) <= 228 * 1024);
+  static_assert(ctas_per_multiprocessor<MediumConfig>() >= 2 && ctas_per_multiprocessor<DecodeConfig>() >= 2);
   const int64_t ctas = std::max<int64_t>(1, expected_row_tiles) * ((n + cols - 1) / cols);
   const int64_t wave = int64_t{per_sm} * multiprocessor_count();
   const int64_t most = std::max<int64_t>(1, k / (4 * Operand<false>::kDepth));  // at least 4 bf16 K tiles per split
   return static_cast<int>(std::clamp<int64_t>(wave / ctas, 1, std::min<int64_t>(most, kMaxKSplits)));
+}
+
+int choose_fp8_decode_stages(int64_t likely_ctas) {
+  return likely_ctas <= ctas_per_multiprocessor<DecodeFp8Config>() * multiprocessor_count()
+             ? DecodeFp8Config::kStages
+             : DecodeFp8ShallowConfig::kStages;
+}
+
+double expected_tiles_per_expert(int64_t tokens, double pick, int tile_rows) {
+  if (tokens <= 0 || pick <= 0) return 0;
+  if (pick >= 1) return static_cast<double>((tokens + tile_rows - 1) / tile_rows);
+  // The sum over n within 12 standard deviations of the mean; the rest weighs under 1e-30.
+  const double mean = static_cast<double>(tokens) * pick, deviation = std::sqrt(mean * (1 - pick));
+  const int64_t low = std::max<int64_t>(1, static_cast<int64_t>(mean - 12 * deviation) - 1);
+  const int64_t high = std::min<int64_t>(tokens, static_cast<int64_t>(mean + 12 * deviation) + 2);
+  const double log_all = std::lgamma(static_cast<double>(tokens) + 1);
+  double expected = 0;
+  for (int64_t n = low; n <= high; ++n) {
+    const double log_probability = log_all - std::lgamma(static_cast<double>(n) + 1) -
+                                   std::lgamma(static_cast<double>(tokens - n) + 1) + n * std::log(pick) +
+                                   (tokens - n) * std::log1p(-pick);
+    expected += std::exp(log_probability) * static_cast<double>((n + tile_rows - 1) / tile_rows);
+  }
+  return expected;
 }
 
 int choose_tile_rows(int64_t rows_per_group) {
@@ -509,11 +542,18 @@ TilePlan plan_tiles(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t 
   const int64_t expected_row_tiles = std::max(std::min(pairs + (shared_in_main ? tokens : 0), main_groups),
                                               (main_rows + plan.tile_rows - 1) / plan.tile_rows);
   plan.k_splits = choose_k_splits(plan.tile_rows, expected_row_tiles, hidden, intermediate);
+  // A token picks each expert with probability k / E (k distinct experts); the shared group,
+  // when in the list, is ceil(T / tile_rows) tiles.
+  const double routed_tiles = static_cast<double>(local_experts) *
+                              expected_tiles_per_expert(tokens, static_cast<double>(top_k) / std::max<int64_t>(num_experts, 1),
+                                                        plan.tile_rows);
+  plan.likely_tiles = std::max<int64_t>(1, std::llround(routed_tiles) + (shared_in_main ? (tokens + plan.tile_rows - 1) / plan.tile_rows : 0));
   return plan;
 }
 
-cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
-                                Activation activation, int tile_rows, cudaStream_t stream) {
+cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
+                                int64_t likely_tiles, bool gated, Activation activation, int tile_rows,
+                                cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
   const bool scales_along_k = groups.a_routed_scale.k_stride != 0 || groups.b_routed_scale.k_stride != 0;
   auto with_scales = [&]<typename Cfg, Scales kScales>() {
@@ -527,9 +567,17 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
                           : with_scales.template operator()<Fp8Cfg, Scales::kEpilogue>();
   };
   switch (tile_rows) {
-    case DecodeConfig::kRows: return dispatch.template operator()<DecodeConfig, DecodeFp8Config>();
+    case DecodeConfig::kRows: {
+      const int64_t cols_per_tile = gated ? DecodeConfig::kCols / 2 : DecodeConfig::kCols;
+      const int64_t likely_ctas =
+          likely_tiles * ((column_extent(groups, gated) + cols_per_tile - 1) / cols_per_tile) * groups.k_splits;
+      return choose_fp8_decode_stages(likely_ctas) == DecodeFp8Config::kStages
+                 ? dispatch.template operator()<DecodeConfig, DecodeFp8Config>()
+                 : dispatch.template operator()<DecodeConfig, DecodeFp8ShallowConfig>();
+    }
     case MediumConfig::kRows: return dispatch.template operator()<MediumConfig, MediumConfig>();
-    case kSpecializedRows: return launch_specialized_gemm(groups, layout, max_tiles, gated, activation, stream);
+    case kSpecializedRows:
+      return launch_specialized_gemm(groups, layout, max_tiles, likely_tiles, gated, activation, stream);
     default: return cudaErrorInvalidValue;  // only the tile heights choose_tile_rows returns exist
   }
 }

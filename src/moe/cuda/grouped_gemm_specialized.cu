@@ -21,8 +21,10 @@
 // most registers) only wait and multiply: bf16 keeps one wgmma group in flight; fp8 waits
 // for each stage's sums and adds them to the accumulator times the stage's scales, and
 // while one consumer does that the other's wgmma keeps the tensor cores busy.
-// Tiles: bf16 128 x 256 (m64n256k16 per consumer), e4m3 128 x 128 (m64n128k32, a second
-// accumulator for the per-stage sums), 192 KiB of stages either way.
+// Tiles: bf16 128 x 256 (m64n256k16 per consumer), or 128 x 128 (m64n128k16) for launches
+// whose 256-wide items would leave many SMs idle in their last wave (specialized_tile_cols);
+// e4m3 128 x 128 (m64n128k32, a second accumulator for the per-stage sums); 192 KiB of
+// stages in every case.
 // GEMM1's fp8 quantisation stays in registers: a group of 128 output columns is the columns of
 // two neighbouring column tiles (gated e4m3: 64 each), which run as a cluster of two CTAs and
 // send each other their rows' amax (st.async into the partner's shared memory); each then
@@ -44,11 +46,11 @@ namespace epmoe::cuda {
 
 namespace {
 
-template <bool kFp8>
+template <bool Fp8, int Cols>
 struct SpecializedTile {
+  static constexpr bool kFp8 = Fp8;
   static constexpr int kRows = 128;
-  static constexpr int kCols = kFp8 ? 128 : 256;  // B rows per tile; gated: half gate, half up
-  static constexpr int kStages = kFp8 ? 6 : 4;
+  static constexpr int kCols = Cols;  // B rows per tile; gated: half gate, half up
   static constexpr int kProducerThreads = 128, kConsumerThreads = 256;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   // setmaxnreg: the producer gives registers to the consumers (their sum is what the
@@ -58,10 +60,14 @@ struct SpecializedTile {
   static constexpr int kATileBytes = kRows * kRowBytes;
   static constexpr int kBTileBytes = kCols * kRowBytes;
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
+  static constexpr int kStages = 192 * 1024 / kStageBytes;  // 128 wide: 6 stages, 256 wide: 4
   static constexpr int kMmaN = kCols / 8;  // n8 blocks of a consumer's m64 x kCols accumulator
   static constexpr int kAChunks = kRows * kChunksPerRow / kProducerThreads;  // per producer thread and stage
   static_assert(kRows == kProducerThreads, "a producer thread stages one row's fp8 scale");
 };
+using Fp8Tile = SpecializedTile<true, 128>;
+using Bf16Tile = SpecializedTile<false, 256>;
+using Bf16NarrowTile = SpecializedTile<false, 128>;
 
 // What the partner CTA of a pair of column tiles sends, per work item: its rows' amax over
 // its columns. Two buffers, by the parity of the items exchanged so far: the partner may send
@@ -77,10 +83,9 @@ struct PairExchange {
 // its first stage lands, so no stage waits for the latency of its 130 scattered 4-byte
 // copies (10% of the e4m3 tile's time at 16k tokens); else each stage's with the stage.
 inline constexpr size_t kSharedBudget = 227 * 1024 - 1024 - 512;  // - ring alignment, - static shared
-template <bool kFp8>
+template <typename Tile>
 __host__ __device__ constexpr int scale_slots() {
-  using Tile = SpecializedTile<kFp8>;
-  if (!kFp8) return 1;
+  if (!Tile::kFp8) return 1;
   const size_t left = kSharedBudget - size_t{Tile::kStages} * Tile::kStageBytes - 2 * Tile::kStages * sizeof(uint64_t) -
                       sizeof(PairExchange);
   return static_cast<int>(left / ((Tile::kRows + 2) * sizeof(float)));  // a slot: A's rows, B's two halves
@@ -96,13 +101,14 @@ struct StageControl {
   float b_scales[kScaleSlots][2];    // of the tile's gate rows and up rows (one 128-block each)
 };
 
-template <bool kFp8>
+template <typename Tile>
 constexpr size_t specialized_shared_bytes() {
-  using Tile = SpecializedTile<kFp8>;
-  return 1024 + size_t{Tile::kStages} * Tile::kStageBytes + sizeof(StageControl<Tile::kStages, scale_slots<kFp8>()>);
+  return 1024 + size_t{Tile::kStages} * Tile::kStageBytes + sizeof(StageControl<Tile::kStages, scale_slots<Tile>()>);
 }
-static_assert(specialized_shared_bytes<true>() <= kSharedBudget + 1024 &&
-              scale_slots<true>() >= SpecializedTile<true>::kStages);
+static_assert(specialized_shared_bytes<Fp8Tile>() <= kSharedBudget + 1024 && scale_slots<Fp8Tile>() >= Fp8Tile::kStages);
+// One CTA an SM, whatever the width (specialized_tile_cols counts waves of one CTA an SM).
+static_assert(2 * specialized_shared_bytes<Bf16NarrowTile>() > kSharedBudget &&
+              specialized_shared_bytes<Bf16Tile>() <= kSharedBudget + 1024);
 
 __device__ inline void barrier_init(uint64_t* barrier, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(count));
@@ -162,20 +168,20 @@ __device__ inline void send_to_partner(uint32_t* slot, uint64_t* barrier, uint32
 
 // Whether the grid pairs its column tiles into clusters of two: GEMM1 quantising its e4m3
 // output per group of 128 columns.
-template <bool kFp8, bool kGated>
+template <typename Tile, bool kGated>
 __host__ __device__ bool pairs_column_tiles(const GemmGroups& groups) {
-  return kFp8 && kGated && groups.quantize.codes && groups.quantize.granularity == Fp8Granularity::kPerGroup;
+  return Tile::kFp8 && kGated && groups.quantize.codes && groups.quantize.granularity == Fp8Granularity::kPerGroup;
 }
 // Output columns of a column tile (gated: half its B rows are gate, half up).
-template <bool kFp8, bool kGated>
-inline constexpr int kSpecializedOutCols = kGated ? SpecializedTile<kFp8>::kCols / 2 : SpecializedTile<kFp8>::kCols;
+template <typename Tile, bool kGated>
+inline constexpr int kSpecializedOutCols = kGated ? Tile::kCols / 2 : Tile::kCols;
 // Column tiles per row tile in the grid: over the wider group's output columns, an even
 // count when they are paired.
-template <bool kFp8, bool kGated>
+template <typename Tile, bool kGated>
 __host__ __device__ int64_t specialized_column_tiles(const GemmGroups& groups) {
-  constexpr int64_t cols_per_tile = kSpecializedOutCols<kFp8, kGated>;
+  constexpr int64_t cols_per_tile = kSpecializedOutCols<Tile, kGated>;
   const int64_t tiles = (column_extent(groups, kGated) + cols_per_tile - 1) / cols_per_tile;
-  return pairs_column_tiles<kFp8, kGated>(groups) ? (tiles + 1) / 2 * 2 : tiles;
+  return pairs_column_tiles<Tile, kGated>(groups) ? (tiles + 1) / 2 * 2 : tiles;
 }
 
 // GEMM1's fused quantisation (EpilogueQuantize) from the registers: `outputs[j][2 h + e]`
@@ -235,24 +241,24 @@ __device__ inline void copy_scale_async(float* destination, const float* source)
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(destination)), "l"(source));
 }
 
-template <bool kFp8, bool kGated, Scales kScales>
-__global__ void __launch_bounds__(SpecializedTile<kFp8>::kThreads, 1)
+template <typename Tile, bool kGated, Scales kScales>
+__global__ void __launch_bounds__(Tile::kThreads, 1)
     specialized_gemm_kernel(const __grid_constant__ CUtensorMap b_routed_map,
                             const __grid_constant__ CUtensorMap b_shared_map, GemmGroups groups, PairLayout layout,
                             Activation activation) {
-  using Tile = SpecializedTile<kFp8>;
+  constexpr bool kFp8 = Tile::kFp8;
   using Op = Operand<kFp8>;
   constexpr int kStages = Tile::kStages;
   constexpr bool kPerKTile = kScales == Scales::kPerKTile;
   extern __shared__ __align__(128) uint8_t shared_raw[];
   uint8_t* ring = aligned_tiles(shared_raw);
-  constexpr int kScaleSlots = scale_slots<kFp8>();
+  constexpr int kScaleSlots = scale_slots<Tile>();
   auto& control = *reinterpret_cast<StageControl<kStages, kScaleSlots>*>(ring + kStages * Tile::kStageBytes);
   allow_successor();
   wait_for_predecessor();
-  constexpr int64_t cols_per_tile = kSpecializedOutCols<kFp8, kGated>;
-  const int64_t column_tiles = specialized_column_tiles<kFp8, kGated>(groups);
-  const bool paired = pairs_column_tiles<kFp8, kGated>(groups);
+  constexpr int64_t cols_per_tile = kSpecializedOutCols<Tile, kGated>;
+  const int64_t column_tiles = specialized_column_tiles<Tile, kGated>(groups);
+  const bool paired = pairs_column_tiles<Tile, kGated>(groups);
   // The work items (row tile, column tile), columns fastest, for the row tiles the sort
   // made. This CTA takes every gridDim.x-th; a cluster of two (paired) takes every
   // (gridDim.x / 2)-th pair of column tiles, its CTAs one column tile each.
@@ -565,12 +571,12 @@ std::pair<cudaError_t, int64_t> resident_ctas(Kernel* kernel, unsigned threads, 
   return {error, int64_t{clusters} * cluster};
 }
 
-template <bool kFp8, bool kGated, Scales kScales>
+template <typename Tile, bool kGated, Scales kScales>
 cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
                                Activation activation, cudaStream_t stream) {
-  using Tile = SpecializedTile<kFp8>;
-  auto* kernel = specialized_gemm_kernel<kFp8, kGated, kScales>;
-  constexpr size_t kSharedBytes = specialized_shared_bytes<kFp8>();
+  constexpr bool kFp8 = Tile::kFp8;
+  auto* kernel = specialized_gemm_kernel<Tile, kGated, kScales>;
+  constexpr size_t kSharedBytes = specialized_shared_bytes<Tile>();
   static const cudaError_t attribute_error = [&] {
     const cudaError_t error =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes));
@@ -594,7 +600,7 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
       return error;
   if (!has_routed) routed = shared;
   if (!has_shared) shared = routed;
-  const bool paired = pairs_column_tiles<kFp8, kGated>(groups);
+  const bool paired = pairs_column_tiles<Tile, kGated>(groups);
   if (paired && groups.quantize.group != Tile::kCols) return cudaErrorInvalidValue;  // a pair's columns are one group
   // Persistent: as many CTAs as the GPU holds at once (in clusters of two where paired), at
   // most one per possible work item; split K's slices share them (the rule that splits keeps
@@ -604,7 +610,7 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
   const auto [resident_error, resident_count] = resident[paired ? 1 : 0];
   if (resident_error != cudaSuccess) return resident_error;
   const int unit = paired ? 2 : 1;
-  const int64_t items = max_tiles * specialized_column_tiles<kFp8, kGated>(groups);
+  const int64_t items = max_tiles * specialized_column_tiles<Tile, kGated>(groups);
   if (items > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;  // the kernel counts them in int
   const int64_t ctas = std::min(items, std::max<int64_t>(resident_count / groups.k_splits, unit)) / unit * unit;
   return launch_kernel_in_clusters(Start::kEarly, paired ? 2 : 1, kernel,
@@ -615,17 +621,36 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
 
 }  // namespace
 
-cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
-                                    Activation activation, cudaStream_t stream) {
-  if (gated && groups.k_splits != 1) return cudaErrorInvalidValue;  // GEMM1 writes whole rows
-  auto with_scales = [&]<bool kFp8, Scales kScales>() {
-    return gated ? launch_specialized<kFp8, true, kScales>(groups, layout, max_tiles, activation, stream)
-                 : launch_specialized<kFp8, false, kScales>(groups, layout, max_tiles, activation, stream);
+int specialized_tile_cols(bool fp8, bool gated, int64_t likely_tiles, int64_t out_cols, int k_splits) {
+  if (fp8) return Fp8Tile::kCols;
+  // Rounds of one CTA an SM that a width's items take (the persistent CTAs walk them in turn).
+  auto waves = [&](int cols) {
+    const int64_t cols_per_tile = gated ? cols / 2 : cols;
+    const int64_t items = std::max<int64_t>(1, likely_tiles) * ((out_cols + cols_per_tile - 1) / cols_per_tile) * k_splits;
+    return (items + multiprocessor_count() - 1) / multiprocessor_count();
   };
-  if (!groups.fp8) return with_scales.template operator()<false, Scales::kNone>();
+  // A 128-wide item is half a 256-wide one's work at about 1.25 times its time per flop
+  // (the 128 x 128 bf16 tile on every launch: +20 to +26% at T=16384, where waves are many;
+  // -13% at qwen3-30b-a3b T=2048, where 144 items of 256 make two rounds on 132 SMs, the
+  // second of 12 items).
+  return 5 * waves(Bf16NarrowTile::kCols) < 8 * waves(Bf16Tile::kCols) ? Bf16NarrowTile::kCols : Bf16Tile::kCols;
+}
+
+cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
+                                    int64_t likely_tiles, bool gated, Activation activation, cudaStream_t stream) {
+  if (gated && groups.k_splits != 1) return cudaErrorInvalidValue;  // GEMM1 writes whole rows
+  auto with_tile = [&]<typename Tile, Scales kScales>() {
+    return gated ? launch_specialized<Tile, true, kScales>(groups, layout, max_tiles, activation, stream)
+                 : launch_specialized<Tile, false, kScales>(groups, layout, max_tiles, activation, stream);
+  };
+  if (!groups.fp8) {
+    const int cols = specialized_tile_cols(false, gated, likely_tiles, column_extent(groups, gated), groups.k_splits);
+    return cols == Bf16NarrowTile::kCols ? with_tile.template operator()<Bf16NarrowTile, Scales::kNone>()
+                                         : with_tile.template operator()<Bf16Tile, Scales::kNone>();
+  }
   const bool scales_along_k = groups.a_routed_scale.k_stride != 0 || groups.b_routed_scale.k_stride != 0;
-  return scales_along_k ? with_scales.template operator()<true, Scales::kPerKTile>()
-                        : with_scales.template operator()<true, Scales::kEpilogue>();
+  return scales_along_k ? with_tile.template operator()<Fp8Tile, Scales::kPerKTile>()
+                        : with_tile.template operator()<Fp8Tile, Scales::kEpilogue>();
 }
 
 }  // namespace epmoe::cuda

@@ -57,7 +57,14 @@ struct TilePlan {
   int shared_tile_rows = 0;   // > 0: the shared group's own list, of this height
   int64_t shared_tiles = 0;   // its tiles (exactly ceil(T / shared_tile_rows))
   int k_splits = 1;           // GEMM2's split K on the main list
+  // Row tiles the main list likely holds on this rank, under uniform routing: for choices by
+  // how a launch's CTAs fill the GPU (never for sizes: any routing must fit max_tiles).
+  int64_t likely_tiles = 1;
 };
+// Row tiles of height `tile_rows` an expert makes on average when each of `tokens` tokens
+// picks it with probability `pick` (k / E under uniform routing): E[ceil(n / tile_rows)] for
+// n ~ Binomial(tokens, pick).
+double expected_tiles_per_expert(int64_t tokens, double pick, int tile_rows);
 TilePlan plan_tiles(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t local_experts,
                     int64_t shared_intermediate, int64_t hidden, int64_t intermediate);
 // The view of `layout` that holds only the shared group's own tile list.
@@ -118,12 +125,21 @@ struct GemmGroups {
   EpilogueQuantize quantize;  // gated fp8 only
 };
 // gated: B rows are [gate; up] (N = 2 I) and C[slot, i] = act(gate_i) * up_i, i < I.
-cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
-                         Activation activation, int tile_rows, cudaStream_t stream);
+// max_tiles sizes the grid; likely_tiles (TilePlan's) only picks between configs of one height.
+cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
+                                int64_t likely_tiles, bool gated, Activation activation, int tile_rows,
+                                cudaStream_t stream);
 // grouped_gemm_specialized.cu: the same GEMM on the warp-specialised 128-row tile (TMA for
 // B), which launch_grouped_gemm takes for tile_rows = 128; split K for GEMM2 (not gated).
-cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles, bool gated,
-                                    Activation activation, cudaStream_t stream);
+cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
+                                    int64_t likely_tiles, bool gated, Activation activation, cudaStream_t stream);
+// The specialised tile's width (B rows) for a launch of likely_tiles row tiles over
+// out_cols output columns (gated: of the intermediate), each split k_splits ways: e4m3 128;
+// bf16 256, or 128 where the narrower items fill the SMs in enough fewer waves to pay for
+// their lower rate.
+int specialized_tile_cols(bool fp8, bool gated, int64_t likely_tiles, int64_t out_cols, int k_splits);
+// The e4m3 decode tile's ring depth for a launch of likely_ctas CTAs.
+int choose_fp8_decode_stages(int64_t likely_ctas);
 // The SMs of the current device (132 where the query fails: a tuning input only).
 int multiprocessor_count();
 // The tile height launch_grouped_gemm works best with for groups of this many rows.

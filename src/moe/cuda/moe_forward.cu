@@ -213,12 +213,14 @@ cudaError_t launch_tile_lists(cuda::GemmGroups gemm, const WorkspaceLayout& layo
                               cudaStream_t stream) {
   const cuda::TilePlan& plan = layout.tiles;
   const cudaError_t error =
-      cuda::launch_grouped_gemm(gemm, layout.pairs, plan.max_tiles, gated, activation, plan.tile_rows, stream);
+      cuda::launch_grouped_gemm(gemm, layout.pairs, plan.max_tiles, plan.likely_tiles, gated, activation,
+                                plan.tile_rows, stream);
   if (error != cudaSuccess || plan.shared_tiles == 0) return error;
   gemm.k_splits = 1;
   gemm.c_partial = nullptr;
   return cuda::launch_grouped_gemm(gemm, cuda::shared_tile_list(layout.pairs, plan, layout.arrival_scopes),
-                                   plan.shared_tiles, gated, activation, plan.shared_tile_rows, stream);
+                                   plan.shared_tiles, plan.shared_tiles, gated, activation, plan.shared_tile_rows,
+                                   stream);
 }
 
 }  // namespace
