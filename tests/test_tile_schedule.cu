@@ -196,7 +196,8 @@ TEST(TileSchedule, LikelyTilesMatchDrawnRoutings) {
   };
   for (const Shape& s : {Shape{1, 8, 256, 32, 2048}, Shape{16, 8, 256, 32, 2048}, Shape{2048, 8, 128, 16, 0},
                          Shape{1024, 2, 8, 1, 0}, Shape{4096, 8, 256, 256, 0}, Shape{64, 8, 128, 128, 0}}) {
-    const cuda::TilePlan plan = cuda::plan_tiles(s.tokens, s.top_k, s.experts, s.local, s.shared_intermediate, 1024, 1024);
+    const cuda::TilePlan plan =
+        cuda::plan_tiles(s.tokens, s.top_k, s.experts, s.local, s.shared_intermediate, 1024, 1024);
     const int64_t shared_in_main = s.shared_intermediate > 0 && plan.shared_tile_rows == 0
                                        ? (s.tokens + plan.tile_rows - 1) / plan.tile_rows
                                        : 0;

@@ -309,7 +309,8 @@ TEST(GpuMoe, Fp8DecodeTileOnBothRingDepths) {
     const cuda::TilePlan plan = cuda::plan_tiles(64, 8, 128, 128 / ranks, 0, options.hidden, options.intermediate);
     ASSERT_EQ(plan.tile_rows, 16) << "the case no longer covers what it names";
     const int64_t gemm1_ctas = plan.likely_tiles * (options.intermediate / 32);  // gated: 32 outputs a tile
-    ASSERT_EQ(cuda::choose_fp8_decode_stages(gemm1_ctas), ranks == 1 ? 4 : 6) << "the case no longer covers what it names";
+    ASSERT_EQ(cuda::choose_fp8_decode_stages(gemm1_ctas), ranks == 1 ? 4 : 6)
+        << "the case no longer covers what it names";
     expect_gpu_matches_cpu(options, "ranks " + std::to_string(ranks), 3e-2);
   }
 }

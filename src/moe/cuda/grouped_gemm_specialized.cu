@@ -105,7 +105,8 @@ template <typename Tile>
 constexpr size_t specialized_shared_bytes() {
   return 1024 + size_t{Tile::kStages} * Tile::kStageBytes + sizeof(StageControl<Tile::kStages, scale_slots<Tile>()>);
 }
-static_assert(specialized_shared_bytes<Fp8Tile>() <= kSharedBudget + 1024 && scale_slots<Fp8Tile>() >= Fp8Tile::kStages);
+static_assert(specialized_shared_bytes<Fp8Tile>() <= kSharedBudget + 1024 &&
+              scale_slots<Fp8Tile>() >= Fp8Tile::kStages);
 // One CTA an SM, whatever the width (specialized_tile_cols counts waves of one CTA an SM).
 static_assert(2 * specialized_shared_bytes<Bf16NarrowTile>() > kSharedBudget &&
               specialized_shared_bytes<Bf16Tile>() <= kSharedBudget + 1024);
@@ -626,7 +627,8 @@ int specialized_tile_cols(bool fp8, bool gated, int64_t likely_tiles, int64_t ou
   // Rounds of one CTA an SM that a width's items take (the persistent CTAs walk them in turn).
   auto waves = [&](int cols) {
     const int64_t cols_per_tile = gated ? cols / 2 : cols;
-    const int64_t items = std::max<int64_t>(1, likely_tiles) * ((out_cols + cols_per_tile - 1) / cols_per_tile) * k_splits;
+    const int64_t column_tiles = (out_cols + cols_per_tile - 1) / cols_per_tile;
+    const int64_t items = std::max<int64_t>(1, likely_tiles) * column_tiles * k_splits;
     return (items + multiprocessor_count() - 1) / multiprocessor_count();
   };
   // A 128-wide item is half a 256-wide one's work at about 1.25 times its time per flop
