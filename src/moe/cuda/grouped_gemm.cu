@@ -433,6 +433,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   }
 }
 
+// Column tiles of a config's grid: over the wider group's output columns (gated: a tile's
+// Cols / 2 outputs).
+template <typename Cfg>
+int64_t column_tiles(const GemmGroups& groups, bool gated) {
+  const int64_t cols_per_tile = gated ? Cfg::kCols / 2 : Cfg::kCols;
+  return (column_extent(groups, gated) + cols_per_tile - 1) / cols_per_tile;
+}
+
 template <typename Cfg, bool kGated, Scales kScales>
 cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
                           Activation activation, cudaStream_t stream) {
@@ -443,9 +451,7 @@ cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, in
     return error != cudaSuccess ? error : prefer_max_shared_memory(kernel);
   }();
   if (attribute_error != cudaSuccess) return attribute_error;
-  const int64_t widest = column_extent(groups, kGated);
-  const int64_t cols_per_tile = kGated ? Cfg::kCols / 2 : Cfg::kCols;
-  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>((widest + cols_per_tile - 1) / cols_per_tile),
+  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>(column_tiles<Cfg>(groups, kGated)),
                   static_cast<unsigned>(groups.k_splits));
   return launch_chained(kernel, grid, dim3(Cfg::kThreads), Cfg::kSharedBytes, stream, groups, layout, activation);
 }
@@ -572,9 +578,7 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
   };
   switch (tile_rows) {
     case DecodeConfig::kRows: {
-      const int64_t cols_per_tile = gated ? DecodeConfig::kCols / 2 : DecodeConfig::kCols;
-      const int64_t likely_ctas =
-          likely_tiles * ((column_extent(groups, gated) + cols_per_tile - 1) / cols_per_tile) * groups.k_splits;
+      const int64_t likely_ctas = likely_tiles * column_tiles<DecodeConfig>(groups, gated) * groups.k_splits;
       return choose_fp8_decode_stages(likely_ctas) == DecodeFp8Config::kStages
                  ? dispatch.template operator()<DecodeConfig, DecodeFp8Config>()
                  : dispatch.template operator()<DecodeConfig, DecodeFp8ShallowConfig>();
