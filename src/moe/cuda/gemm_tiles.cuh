@@ -67,10 +67,15 @@ __device__ inline void copy_async(uint8_t* destination, const uint8_t* source, b
 // wgmma descriptor of a K-major tile with 128-byte rows (bf16 or e4m3), 128-byte swizzle:
 // start address >> 4, leading offset 16 B (unused for this layout), stride 1024 B between
 // groups of 8 rows, layout type 1 (128B swizzle). The tile must be 1024-byte aligned.
-__device__ inline uint64_t wgmma_descriptor(const uint8_t* tile) {
-  const uint64_t address = shared_address(tile);
-  return ((address & 0x3ffff) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+// The high word is the same for every tile, and the low word's address field (16-byte
+// units, 14 bits) holds any shared address: a K loop steps a descriptor along its ring and
+// along K by 32-bit adds to the low word (64-bit adds cost a carry chain per step).
+inline constexpr uint32_t kDescriptorHigh = (1024 >> 4) | (1u << 30);
+__device__ inline uint32_t wgmma_descriptor_low(const uint8_t* tile) {
+  return ((shared_address(tile) & 0x3ffff) >> 4) | (1u << 16);
 }
+__device__ inline uint64_t wgmma_descriptor(uint32_t low) { return uint64_t{kDescriptorHigh} << 32 | low; }
+__device__ inline uint64_t wgmma_descriptor(const uint8_t* tile) { return wgmma_descriptor(wgmma_descriptor_low(tile)); }
 
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

@@ -397,7 +397,22 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // This thread's accumulator rows in the tile (m64 fragment order: rows[h] for q / 2 = h).
   const int first_row = consumer * 64 + (thread / 32) % 4 * 16 + lane / 4;
   const int rows[2] = {first_row, first_row + 8};
-  uint32_t it = 0;         // stages consumed so far
+  // The ring as the consumers walk it, stepped once a K tile (a division by kStages and one
+  // by kScaleSlots a K tile, and 64-bit descriptor sums, were half the e4m3 loop's
+  // instructions, which issue one after another between its QGMMAs): the stage, the parity
+  // of its fills, the fp8_block scale slot (the producer's: stages so far % kScaleSlots),
+  // and the stage of the K tile before.
+  int stage = 0, slot = 0, previous_stage = kStages - 1;
+  uint32_t phase = 0;
+  auto step = [&] {
+    previous_stage = stage;
+    if (++stage == kStages) stage = 0, phase ^= 1;
+    if (++slot == kScaleSlots) slot = 0;
+  };
+  // Stage 0's descriptors of this consumer's A rows and of the B tile.
+  const uint32_t a_descriptor0 = wgmma_descriptor_low(ring + consumer * 64 * kRowBytes);
+  const uint32_t b_descriptor0 = wgmma_descriptor_low(ring + Tile::kATileBytes);
+  constexpr uint32_t kStageStep = Tile::kStageBytes >> 4;  // a stage further, in the address field's units
   uint32_t exchanges = 0;  // items whose amax went through the pair exchange
   for (int item = first_item; item < items; item += item_stride) {
     const Place p = place_of(item);
@@ -412,26 +427,24 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
     float sums[kFp8 ? Tile::kMmaN : 1][4];
-    for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
-      const int s = it % kStages;
-      barrier_wait(&control.full[s], (it / kStages) & 1);
-      const uint8_t* a_tile = ring + s * Tile::kStageBytes;
-      const uint64_t a_descriptor = wgmma_descriptor(a_tile + consumer * 64 * kRowBytes);
-      const uint64_t b_descriptor = wgmma_descriptor(a_tile + Tile::kATileBytes);
+    for (int kt = 0; kt < p.k_tiles; ++kt, step()) {
+      barrier_wait(&control.full[stage], phase);
+      const uint32_t a_descriptor = a_descriptor0 + stage * kStageStep;
+      const uint32_t b_descriptor = b_descriptor0 + stage * kStageStep;
       wgmma_fence();
       if constexpr (kFp8) {
 #pragma unroll
         for (int kk = 0; kk < kStepsPerStage; ++kk)  // +32 bytes along K inside the swizzle atom
-          wgmma_step<Tile::kCols, true>(sums, a_descriptor + 2 * kk, b_descriptor + 2 * kk, kk > 0);
+          wgmma_step<Tile::kCols, true>(sums, wgmma_descriptor(a_descriptor + 2 * kk),
+                                        wgmma_descriptor(b_descriptor + 2 * kk), kk > 0);
         wgmma_commit();
         float a_scale[2] = {1.0f, 1.0f}, b_scale[2] = {1.0f, 1.0f};
         if constexpr (kPerKTile) {
-          const int slot = it % kScaleSlots;
           a_scale[0] = control.a_scales[slot][rows[0]], a_scale[1] = control.a_scales[slot][rows[1]];
           b_scale[0] = control.b_scales[slot][0], b_scale[1] = control.b_scales[slot][1];
         }
         wgmma_wait<0>();
-        if (lane == 0) barrier_arrive(&control.empty[s]);
+        if (lane == 0) barrier_arrive(&control.empty[stage]);
 #pragma unroll
         for (int j = 0; j < Tile::kMmaN; ++j)
 #pragma unroll
@@ -440,14 +453,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       } else {
 #pragma unroll
         for (int kk = 0; kk < kStepsPerStage; ++kk)
-          wgmma_step<Tile::kCols, false>(acc, a_descriptor + 2 * kk, b_descriptor + 2 * kk, true);
+          wgmma_step<Tile::kCols, false>(acc, wgmma_descriptor(a_descriptor + 2 * kk),
+                                         wgmma_descriptor(b_descriptor + 2 * kk), true);
         wgmma_commit();
         wgmma_wait<1>();  // the previous stage's group is done: release that stage
-        if (kt > 0 && lane == 0) barrier_arrive(&control.empty[(it - 1) % kStages]);
+        if (kt > 0 && lane == 0) barrier_arrive(&control.empty[previous_stage]);
       }
     }
     wgmma_wait<0>();
-    if (!kFp8 && p.k_tiles > 0 && lane == 0) barrier_arrive(&control.empty[(it - 1) % kStages]);  // the item's last
+    if (!kFp8 && p.k_tiles > 0 && lane == 0) barrier_arrive(&control.empty[previous_stage]);  // the item's last
 
     // Epilogue (the producer already fills the ring for the next item): rows rows[h],
     // columns 8 j + 2 (lane % 4) + e of the B tile (gated: j < kMmaN / 2 gate, j + kMmaN / 2
