@@ -48,7 +48,7 @@ struct FusedCase {
   int64_t tokens;
   int tile_rows;  // the tile these tokens take: 16 (decode), 64 (medium) or 128 (specialised)
   bool more_items_than_ctas = false;  // specialised: persistent CTAs walk several work items each
-  int decode_stages = 0;  // decode tile: the ring depth the launch is made to take (0: the plan's)
+  int fp8_decode_stages = 0;  // decode tile: the ring depth the launch is made to take (0: the plan's)
 };
 
 class FusedQuantize : public ::testing::TestWithParam<FusedCase> {};
@@ -133,14 +133,10 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   q.static_scale = per_group ? nullptr : intermediate_scale;
   q.scopes_per_tile = scopes;
   // The likely tile count picks the decode tile's ring depth (and nothing that matters for
-  // the results): 1 row tile (10 CTAs, one an SM: 16 stages), 20 (200: three an SM, 6),
-  // or a count past what three an SM hold (4).
-  const int64_t likely_tiles = c.decode_stages == 0    ? plan.likely_tiles
-                               : c.decode_stages == 16 ? 1
-                               : c.decode_stages == 6  ? 20
-                                                       : 1 << 20;
-  if (c.decode_stages != 0)
-    ASSERT_EQ(cuda::choose_decode_stages(true, likely_tiles * (kIntermediate / 32)), c.decode_stages);
+  // the results): a count past what the deep ring's CTAs fill makes it take the shallow one.
+  const int64_t likely_tiles = c.fp8_decode_stages == 0 ? plan.likely_tiles : c.fp8_decode_stages == 6 ? 1 : 1 << 20;
+  if (c.fp8_decode_stages != 0)
+    ASSERT_EQ(cuda::choose_decode_stages(/*fp8=*/true, likely_tiles * (kIntermediate / 32)), c.fp8_decode_stages);
   ASSERT_EQ(cuda::launch_grouped_gemm(gemm, layout, max_tiles, likely_tiles, /*gated=*/true, Activation::kSilu,
                                       tile_rows, nullptr),
             cudaSuccess);
@@ -196,13 +192,10 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
 INSTANTIATE_TEST_SUITE_P(
     Schemes, FusedQuantize,
     ::testing::Values(FusedCase{"per_group_decode_tile", cuda::Fp8Granularity::kPerGroup, 3, 16, false, 6},
-                      FusedCase{"per_group_decode_tile_deep_ring", cuda::Fp8Granularity::kPerGroup, 3, 16, false, 16},
                       FusedCase{"per_group_decode_tile_shallow_ring", cuda::Fp8Granularity::kPerGroup, 3, 16, false, 4},
                       FusedCase{"per_group_medium_tile", cuda::Fp8Granularity::kPerGroup, 60, 64},
                       FusedCase{"per_group_specialized_tile", cuda::Fp8Granularity::kPerGroup, 400, 128},
                       FusedCase{"static_per_tensor_decode_tile", cuda::Fp8Granularity::kPerTensor, 3, 16, false, 6},
-                      FusedCase{"static_per_tensor_decode_tile_deep_ring", cuda::Fp8Granularity::kPerTensor, 3, 16,
-                                false, 16},
                       FusedCase{"static_per_tensor_decode_tile_shallow_ring", cuda::Fp8Granularity::kPerTensor, 3, 16,
                                 false, 4},
                       FusedCase{"static_per_tensor_medium_tile", cuda::Fp8Granularity::kPerTensor, 60, 64},
