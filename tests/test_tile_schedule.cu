@@ -222,14 +222,18 @@ TEST(TileSchedule, LikelyTilesMatchDrawnRoutings) {
   }
 }
 
-// Which config a launch takes by its likely size: the e4m3 decode ring's depth by whether the
-// deep ring's CTAs (three an SM) all fit at once; the bf16 specialised tile's width by its
-// rounds of one CTA an SM.
+// Which config a launch takes by its likely size: the decode ring's depth by how many CTAs an
+// SM would hold of the likely ones (bf16 one: 16 stages, more: 8; e4m3 three: 6, more: 4);
+// the bf16 specialised tile's width by its rounds of one CTA an SM.
 TEST(TileSchedule, ConfigsFollowTheLikelyLaunchSize) {
   const int64_t sms = cuda::multiprocessor_count();
-  EXPECT_EQ(cuda::choose_fp8_decode_stages(1), 6);
-  EXPECT_EQ(cuda::choose_fp8_decode_stages(3 * sms), 6);
-  EXPECT_EQ(cuda::choose_fp8_decode_stages(3 * sms + 1), 4);
+  EXPECT_EQ(cuda::choose_decode_stages(false, 1), 16);
+  EXPECT_EQ(cuda::choose_decode_stages(false, sms), 16);
+  EXPECT_EQ(cuda::choose_decode_stages(false, sms + 1), 8);
+  EXPECT_EQ(cuda::choose_decode_stages(false, 3 * sms + 1), 8);
+  EXPECT_EQ(cuda::choose_decode_stages(true, 1), 6);
+  EXPECT_EQ(cuda::choose_decode_stages(true, 3 * sms), 6);
+  EXPECT_EQ(cuda::choose_decode_stages(true, 3 * sms + 1), 4);
   EXPECT_EQ(cuda::specialized_tile_cols(true, true, 1, 768, 1), 128) << "e4m3: one width";
   if (sms != 132) GTEST_SKIP() << "the widths below are worked out for 132 SMs (the H200's, and the fallback)";
   struct Launch {

@@ -136,7 +136,7 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   // the results): a count past what the deep ring's CTAs fill makes it take the shallow one.
   const int64_t likely_tiles = c.fp8_decode_stages == 0 ? plan.likely_tiles : c.fp8_decode_stages == 6 ? 1 : 1 << 20;
   if (c.fp8_decode_stages != 0)
-    ASSERT_EQ(cuda::choose_fp8_decode_stages(likely_tiles * (kIntermediate / 32)), c.fp8_decode_stages);
+    ASSERT_EQ(cuda::choose_decode_stages(/*fp8=*/true, likely_tiles * (kIntermediate / 32)), c.fp8_decode_stages);
   ASSERT_EQ(cuda::launch_grouped_gemm(gemm, layout, max_tiles, likely_tiles, /*gated=*/true, Activation::kSilu,
                                       tile_rows, nullptr),
             cudaSuccess);

@@ -297,22 +297,32 @@ TEST(GpuMoe, SpecializedTileWalksManyItemsPerCta) {
   }
 }
 
-// The e4m3 decode tile's ring at both depths (choose_fp8_decode_stages, by a launch's likely
-// CTAs): qwen3-30b-a3b's routing at reduced sizes, 64 tokens on one rank (most of its 128
-// experts get a few rows: ~1000 GEMM1 CTAs, the shallow ring) and on one of eight (16
-// experts: ~130 CTAs, the deep ring).
-TEST(GpuMoe, Fp8DecodeTileOnBothRingDepths) {
-  for (int ranks : {1, 8}) {
-    RandomCaseOptions options = preset_options(*find_preset("qwen3-30b-a3b"), 64, false, ranks, 0);
-    options.spec.quant.scheme = QuantScheme::kFp8Block;
-    options.intermediate = 256;
-    const cuda::TilePlan plan = cuda::plan_tiles(64, 8, 128, 128 / ranks, 0, options.hidden, options.intermediate);
-    ASSERT_EQ(plan.tile_rows, 16) << "the case no longer covers what it names";
-    const int64_t gemm1_ctas = plan.likely_tiles * (options.intermediate / 32);  // gated: 32 outputs a tile
-    ASSERT_EQ(cuda::choose_fp8_decode_stages(gemm1_ctas), ranks == 1 ? 4 : 6)
-        << "the case no longer covers what it names";
-    expect_gpu_matches_cpu(options, "ranks " + std::to_string(ranks), 3e-2);
-  }
+// The decode tile's ring at every depth (choose_decode_stages, by a launch's likely CTAs),
+// bf16 and e4m3: qwen3-30b-a3b's routing at reduced sizes (I = 256: GEMM1 has 8 column
+// tiles), 64 tokens on one rank of eight (16 experts with a few rows: ~128 CTAs, one an SM:
+// bf16 16 stages, e4m3 6), 256 tokens on one of eight (~24 row tiles: ~190 CTAs; e4m3 6 stages, bf16 8)
+// and 64 tokens on a single rank (~126 experts: ~1000 CTAs; e4m3 4 stages).
+TEST(GpuMoe, DecodeTileOnEveryRingDepth) {
+  struct DepthCase {
+    int64_t tokens;
+    int ranks, bf16_stages, fp8_stages;
+  };
+  for (const DepthCase& c : {DepthCase{64, 8, 16, 6}, DepthCase{256, 8, 8, 6}, DepthCase{64, 1, 8, 4}})
+    for (QuantScheme scheme : {QuantScheme::kBf16, QuantScheme::kFp8Block}) {
+      RandomCaseOptions options = preset_options(*find_preset("qwen3-30b-a3b"), c.tokens, false, c.ranks, 0);
+      options.spec.quant.scheme = scheme;
+      options.intermediate = 256;
+      const cuda::TilePlan plan =
+          cuda::plan_tiles(c.tokens, 8, 128, 128 / c.ranks, 0, options.hidden, options.intermediate);
+      ASSERT_EQ(plan.tile_rows, 16) << "the case no longer covers what it names";
+      const int64_t gemm1_ctas = plan.likely_tiles * (options.intermediate / 32);  // gated: 32 outputs a tile
+      const bool fp8 = scheme != QuantScheme::kBf16;
+      ASSERT_EQ(cuda::choose_decode_stages(fp8, gemm1_ctas), fp8 ? c.fp8_stages : c.bf16_stages)
+          << "T " << c.tokens << " ranks " << c.ranks << ": the case no longer covers what it names";
+      expect_gpu_matches_cpu(options, std::string(quant_scheme_name(scheme)) + " T " + std::to_string(c.tokens) +
+                                          " ranks " + std::to_string(c.ranks),
+                             fp8 ? 3e-2 : 1e-2);
+    }
 }
 
 // The bf16 specialised tile at both widths (specialized_tile_cols, by a launch's likely work

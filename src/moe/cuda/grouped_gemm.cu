@@ -72,19 +72,29 @@ struct Config {
 // CTAs an SM; 6 stages lost up to 13% on mixtral-8x7b). e4m3 on swapped wgmma, same tiles:
 // its K loop waits on each K tile's wgmma before applying the scales, and more resident CTAs
 // hide that wait where a deeper ring does not. 6 stages (three CTAs an SM) while the SMs hold
-// a launch's CTAs at once, else 4 (five an SM; choose_fp8_decode_stages). Measured against 8
-// (ep=8, one H200, docs/KERNELS.md): 6 stages deepseek-v3 fp8_block T=2-16 -7 to -10%;
-// 4 stages up to -22% from about one row an expert on, but up to +18% at T=1-4.
+// a launch's CTAs at once, else 4 (five an SM). Measured against 8 (ep=8, one H200,
+// docs/KERNELS.md): 6 stages deepseek-v3 fp8_block T=2-16 -7 to -10%; 4 stages up to -22%
+// from about one row an expert on, but up to +18% at T=1-4.
+// Where a launch's likely CTAs fit one an SM (a decode step over one or two experts), bf16
+// takes a 16-stage ring instead: a CTA's K loop then streams what its ring has in flight
+// (about 2 us of memory latency at T=1). T=1, ep=8: deepseek-v3 and qwen3-235b-a22b -4.7%;
+// e4m3 on 16 stages lost 11% on deepseek-v3 (docs/KERNELS.md, ninth session).
+// choose_decode_stages picks the depth.
 using DecodeConfig = Config<Instruction::kMmaSync, 16, 64, 8, 1, 4>;
 using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, 16, 64, 6, 1, 4>;
 using DecodeFp8ShallowConfig = Config<Instruction::kWgmmaSwapped, 16, 64, 4, 1, 4>;
+using DecodeDeepConfig = Config<Instruction::kMmaSync, 16, 64, 16, 1, 4>;
 // CTAs of a config an SM holds: its 228 KiB of shared memory, 1 KiB of each CTA's reserved.
 template <typename Cfg>
 constexpr int64_t ctas_per_multiprocessor() {
   return 228 * 1024 / (Cfg::kSharedBytes + 1024);
 }
 static_assert(ctas_per_multiprocessor<DecodeFp8Config>() == 3 &&
-              ctas_per_multiprocessor<DecodeFp8ShallowConfig>() == 5);
+              ctas_per_multiprocessor<DecodeFp8ShallowConfig>() == 5 &&
+              ctas_per_multiprocessor<DecodeDeepConfig>() == 1);
+// (choose_decode_stages's depths name the configs)
+static_assert(DecodeDeepConfig::kStages != DecodeConfig::kStages &&
+              DecodeFp8Config::kStages != DecodeFp8ShallowConfig::kStages);
 using MediumConfig = Config<Instruction::kWgmma, 64, 128, 4, 4, 1>;
 // Larger row tiles (128): grouped_gemm_specialized.cu.
 inline constexpr int kSpecializedRows = 128;
@@ -483,7 +493,8 @@ int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_
   return static_cast<int>(std::clamp<int64_t>(wave / ctas, 1, std::min<int64_t>(most, kMaxKSplits)));
 }
 
-int choose_fp8_decode_stages(int64_t likely_ctas) {
+int choose_decode_stages(bool fp8, int64_t likely_ctas) {
+  if (!fp8) return likely_ctas <= multiprocessor_count() ? DecodeDeepConfig::kStages : DecodeConfig::kStages;
   return likely_ctas <= ctas_per_multiprocessor<DecodeFp8Config>() * multiprocessor_count()
              ? DecodeFp8Config::kStages
              : DecodeFp8ShallowConfig::kStages;
@@ -579,9 +590,13 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
   switch (tile_rows) {
     case DecodeConfig::kRows: {
       const int64_t likely_ctas = likely_tiles * column_tiles<DecodeConfig>(groups, gated) * groups.k_splits;
-      return choose_fp8_decode_stages(likely_ctas) == DecodeFp8Config::kStages
-                 ? dispatch.template operator()<DecodeConfig, DecodeFp8Config>()
-                 : dispatch.template operator()<DecodeConfig, DecodeFp8ShallowConfig>();
+      const int stages = choose_decode_stages(groups.fp8, likely_ctas);
+      if (!groups.fp8)
+        return stages == DecodeDeepConfig::kStages ? with_scales.template operator()<DecodeDeepConfig, Scales::kNone>()
+                                                   : with_scales.template operator()<DecodeConfig, Scales::kNone>();
+      return stages == DecodeFp8ShallowConfig::kStages
+                 ? dispatch.template operator()<DecodeConfig, DecodeFp8ShallowConfig>()
+                 : dispatch.template operator()<DecodeConfig, DecodeFp8Config>();
     }
     case MediumConfig::kRows: return dispatch.template operator()<MediumConfig, MediumConfig>();
     case kSpecializedRows:

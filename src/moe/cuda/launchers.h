@@ -138,8 +138,9 @@ cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& 
 // bf16 256, or 128 where the narrower items fill the SMs in enough fewer waves to pay for
 // their lower rate.
 int specialized_tile_cols(bool fp8, bool gated, int64_t likely_tiles, int64_t out_cols, int k_splits);
-// The e4m3 decode tile's ring depth for a launch of likely_ctas CTAs.
-int choose_fp8_decode_stages(int64_t likely_ctas);
+// The decode tile's ring depth (stages) for a launch of likely_ctas CTAs: bf16 16 where they
+// fit one an SM, else 8; e4m3 6 where they fit three an SM, else 4.
+int choose_decode_stages(bool fp8, int64_t likely_ctas);
 // The SMs of the current device (132 where the query fails: a tuning input only).
 int multiprocessor_count();
 // The tile height launch_grouped_gemm works best with for groups of this many rows.
