@@ -474,8 +474,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     constexpr bool kQuantizes = kGated && kFp8;
     // Writes the tile below `out`: bf16 c, or split K's f32 partial sums of this split. Chosen
     // once for the tile, with one row pointer per row, so each store is a predicated STG at a
-    // constant offset, not an address computed per store behind a branch.
-    auto write_tile = [&](auto* out) {
+    // constant offset, not an address computed per store behind a branch. The activation too
+    // (gated), so that no element computes both and selects one.
+    auto write_tile = [&](auto* out, auto activate_gate) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = rows[h];
@@ -503,7 +504,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
             }
           }
           if constexpr (kGated)
-            value[0] = activate(activation, value[0]) * up[0], value[1] = activate(activation, value[1]) * up[1];
+            value[0] = activate_gate(value[0]) * up[0], value[1] = activate_gate(value[1]) * up[1];
           if constexpr (std::is_same_v<decltype(out), float*>)
             *reinterpret_cast<float2*>(out_row + col) = make_float2(value[0], value[1]);
           else
@@ -513,12 +514,16 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         }
       }
     };
-    if constexpr (kGated)
-      write_tile(groups.c);  // GEMM1 writes whole rows (no split K)
-    else if (groups.c_partial)
-      write_tile(groups.c_partial + blockIdx.y * groups.partial_stride);
-    else
-      write_tile(groups.c);
+    if constexpr (kGated) {  // GEMM1 writes whole rows (no split K)
+      if (activation == Activation::kSilu)
+        write_tile(groups.c, Silu{});
+      else
+        write_tile(groups.c, Gelu{});
+    } else if (groups.c_partial) {
+      write_tile(groups.c_partial + blockIdx.y * groups.partial_stride, Silu{});  // (not gated: no activation)
+    } else {
+      write_tile(groups.c, Silu{});
+    }
     if constexpr (kQuantizes) {
       static_assert(Tile::kCols == 128, "a pair of column tiles (kCols / 2 outputs each) is a group of 128 (GPU fp8_block)");
       if (groups.quantize.codes) {
