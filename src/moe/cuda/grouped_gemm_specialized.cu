@@ -397,11 +397,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // This thread's accumulator rows in the tile (m64 fragment order: rows[h] for q / 2 = h).
   const int first_row = consumer * 64 + (thread / 32) % 4 * 16 + lane / 4;
   const int rows[2] = {first_row, first_row + 8};
-  // The ring as the consumers walk it, stepped once a K tile (a division by kStages and one
-  // by kScaleSlots a K tile, and 64-bit descriptor sums, were half the e4m3 loop's
-  // instructions, which issue one after another between its QGMMAs): the stage, the parity
-  // of its fills, the fp8_block scale slot (the producer's: stages so far % kScaleSlots),
-  // and the stage of the K tile before.
+  // The ring as the consumers walk it, stepped once a K tile: the stage, the parity of its
+  // fills, the fp8_block scale slot (the producer's: stages so far % kScaleSlots), and the
+  // stage of the K tile before. (Divisions by kStages and kScaleSlots a K tile and 64-bit
+  // descriptor sums sat in the chain of instructions between a K tile's QGMMAs; stepping
+  // them took the e4m3 loop from 142 to 134 SASS instructions, on the uniform datapath, and
+  // fp8_block at 16k tokens 2.5-4.7% faster.)
   int stage = 0, slot = 0, previous_stage = kStages - 1;
   uint32_t phase = 0;
   auto step = [&] {
