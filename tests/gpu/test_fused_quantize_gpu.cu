@@ -133,7 +133,7 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   q.static_scale = per_group ? nullptr : intermediate_scale;
   q.scopes_per_tile = scopes;
   // The likely tile count picks the decode tile's ring depth (and nothing that matters for
-  // the results): a count past what the deep ring's CTAs fill makes it take the shallow one.
+  // the results): a count past what three CTAs an SM hold makes e4m3 take 4 stages, not 6.
   const int64_t likely_tiles = c.fp8_decode_stages == 0 ? plan.likely_tiles : c.fp8_decode_stages == 6 ? 1 : 1 << 20;
   if (c.fp8_decode_stages != 0)
     ASSERT_EQ(cuda::choose_decode_stages(/*fp8=*/true, likely_tiles * (kIntermediate / 32)), c.fp8_decode_stages);

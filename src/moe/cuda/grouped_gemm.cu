@@ -77,8 +77,8 @@ struct Config {
 // from about one row an expert on, but up to +18% at T=1-4.
 // Where a launch's likely CTAs fit one an SM (a decode step over one or two experts), bf16
 // takes a 16-stage ring instead: a CTA's K loop then streams what its ring has in flight
-// (about 2 us of memory latency at T=1). T=1, ep=8: deepseek-v3 and qwen3-235b-a22b -4.7%;
-// e4m3 on 16 stages lost 11% on deepseek-v3 (docs/KERNELS.md, ninth session).
+// (about 2 us of memory latency at T=1). T=1, ep=8: deepseek-v3 -9.1%, the other presets
+// -0.4 to -2.3%; e4m3 on 16 stages lost 11% on deepseek-v3 (docs/KERNELS.md, ninth session).
 // choose_decode_stages picks the depth.
 using DecodeConfig = Config<Instruction::kMmaSync, 16, 64, 8, 1, 4>;
 using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, 16, 64, 6, 1, 4>;
@@ -92,8 +92,12 @@ constexpr int64_t ctas_per_multiprocessor() {
 static_assert(ctas_per_multiprocessor<DecodeFp8Config>() == 3 &&
               ctas_per_multiprocessor<DecodeFp8ShallowConfig>() == 5 &&
               ctas_per_multiprocessor<DecodeDeepConfig>() == 1);
-// (choose_decode_stages's depths name the configs)
+// choose_decode_stages's depth names the config: the four differ.
 static_assert(DecodeDeepConfig::kStages != DecodeConfig::kStages &&
+              DecodeDeepConfig::kStages != DecodeFp8Config::kStages &&
+              DecodeDeepConfig::kStages != DecodeFp8ShallowConfig::kStages &&
+              DecodeConfig::kStages != DecodeFp8Config::kStages &&
+              DecodeConfig::kStages != DecodeFp8ShallowConfig::kStages &&
               DecodeFp8Config::kStages != DecodeFp8ShallowConfig::kStages);
 using MediumConfig = Config<Instruction::kWgmma, 64, 128, 4, 4, 1>;
 // Larger row tiles (128): grouped_gemm_specialized.cu.
@@ -590,13 +594,12 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
   switch (tile_rows) {
     case DecodeConfig::kRows: {
       const int64_t likely_ctas = likely_tiles * column_tiles<DecodeConfig>(groups, gated) * groups.k_splits;
-      const int stages = choose_decode_stages(groups.fp8, likely_ctas);
-      if (!groups.fp8)
-        return stages == DecodeDeepConfig::kStages ? with_scales.template operator()<DecodeDeepConfig, Scales::kNone>()
-                                                   : with_scales.template operator()<DecodeConfig, Scales::kNone>();
-      return stages == DecodeFp8ShallowConfig::kStages
-                 ? dispatch.template operator()<DecodeConfig, DecodeFp8ShallowConfig>()
-                 : dispatch.template operator()<DecodeConfig, DecodeFp8Config>();
+      switch (choose_decode_stages(groups.fp8, likely_ctas)) {  // bf16: deep or plain; e4m3: plain or shallow
+        case DecodeDeepConfig::kStages: return dispatch.template operator()<DecodeDeepConfig, DecodeFp8Config>();
+        case DecodeFp8ShallowConfig::kStages:
+          return dispatch.template operator()<DecodeConfig, DecodeFp8ShallowConfig>();
+        default: return dispatch.template operator()<DecodeConfig, DecodeFp8Config>();
+      }
     }
     case MediumConfig::kRows: return dispatch.template operator()<MediumConfig, MediumConfig>();
     case kSpecializedRows:
