@@ -224,7 +224,7 @@ TEST(TileSchedule, LikelyTilesMatchDrawnRoutings) {
 
 // Which config a launch takes by its likely size: the decode ring's depth by how many CTAs an
 // SM would hold of the likely ones (bf16 one: 16 stages, more: 8; e4m3 three: 6, more: 4);
-// the bf16 specialised tile's width by its rounds of one CTA an SM.
+// the specialised tile's width (bf16 and e4m3) by its rounds of one CTA an SM.
 TEST(TileSchedule, ConfigsFollowTheLikelyLaunchSize) {
   const int64_t sms = cuda::multiprocessor_count();
   EXPECT_EQ(cuda::choose_decode_stages(false, 1), 16);
@@ -234,30 +234,47 @@ TEST(TileSchedule, ConfigsFollowTheLikelyLaunchSize) {
   EXPECT_EQ(cuda::choose_decode_stages(true, 1), 6);
   EXPECT_EQ(cuda::choose_decode_stages(true, 3 * sms), 6);
   EXPECT_EQ(cuda::choose_decode_stages(true, 3 * sms + 1), 4);
-  EXPECT_EQ(cuda::specialized_tile_cols(true, true, 1, 768, 1), 128) << "e4m3: one width";
   if (sms != 132) GTEST_SKIP() << "the widths below are worked out for 132 SMs (the H200's, and the fallback)";
   struct Launch {
-    int64_t tiles, out_cols;
+    int64_t tiles, out_cols, k;
     bool gated;
     int cols;
   };
   // Worked out by hand: 256 wide, tiles x ceil(out / 128) items gated (256 not), in
-  // ceil(items / 132) rounds; 128 wide, twice the items, a round 5/8 of the time.
+  // ceil(items / 132) rounds; 128 wide, twice the items. bf16: a narrow round 5/8 of the
+  // time; e4m3: a wide round 1.6 + (gated ? 6.4 : 2.4) / K tiles narrow ones.
   for (const Launch& l : {
-           Launch{24, 768, true, 128},    // qwen3-30b-a3b ep=8 T=2048 GEMM1: 144 items, 2 rounds; 288, 3
-           Launch{16, 1536, true, 128},   // qwen3-235b-a22b ep=8 T=1024 GEMM1: 192, 2; 384, 3
-           Launch{16, 4096, false, 256},  // its GEMM2: 256, 2; 512, 4
-           Launch{40, 768, true, 256},    // qwen3-30b-a3b ep=8 T=4096 GEMM1: 240, 2; 480, 4
-           Launch{16, 768, true, 256},    // qwen3-30b-a3b ep=8 T=1024 GEMM1: 96, 1; 192, 2
-           Launch{1, 256, true, 128},     // 2, 1; 4, 1
-           Launch{2000, 2048, true, 256}, // thousands of items: the wider tile's rate
+           Launch{24, 768, 2048, true, 128},    // qwen3-30b-a3b ep=8 T=2048 GEMM1: 144 items, 2 rounds; 288, 3
+           Launch{16, 1536, 4096, true, 128},   // qwen3-235b-a22b ep=8 T=1024 GEMM1: 192, 2; 384, 3
+           Launch{16, 4096, 1536, false, 256},  // its GEMM2: 256, 2; 512, 4
+           Launch{40, 768, 2048, true, 256},    // qwen3-30b-a3b ep=8 T=4096 GEMM1: 240, 2; 480, 4
+           Launch{16, 768, 2048, true, 256},    // qwen3-30b-a3b ep=8 T=1024 GEMM1: 96, 1; 192, 2
+           Launch{1, 256, 2048, true, 128},     // 2, 1; 4, 1
+           Launch{2000, 2048, 7168, true, 256}, // thousands of items: the wider tile's rate
        })
-    EXPECT_EQ(cuda::specialized_tile_cols(false, l.gated, l.tiles, l.out_cols, 1), l.cols)
+    EXPECT_EQ(cuda::specialized_tile_cols(false, l.gated, l.tiles, l.out_cols, l.k, 1), l.cols)
         << l.tiles << " tiles, " << l.out_cols << (l.gated ? " gated" : "") << " columns";
   // Split K multiplies the items: GEMM2 of 8 tiles over 2048 columns, 64 items (128: 128, one
   // round either way), split 4 ways: 256 items, 2 rounds; 512, 4.
-  EXPECT_EQ(cuda::specialized_tile_cols(false, false, 8, 2048, 1), 128);
-  EXPECT_EQ(cuda::specialized_tile_cols(false, false, 8, 2048, 4), 256);
+  EXPECT_EQ(cuda::specialized_tile_cols(false, false, 8, 2048, 768, 1), 128);
+  EXPECT_EQ(cuda::specialized_tile_cols(false, false, 8, 2048, 768, 4), 256);
+  for (const Launch& l : {
+           // qwen3-30b-a3b ep=8 T=1024 GEMM1: 1 round against 2, K 16 tiles: 2.0 narrow ones
+           Launch{16, 768, 2048, true, 128},
+           // deepseek-v3 ep=8 T=16384 GEMM1: 33 rounds against 66, K 56 tiles: 1.71
+           Launch{272, 2048, 7168, true, 256},
+           // qwen3-235b-a22b ep=8 T=2048 GEMM1: 3 against 5, K 32 tiles: 1.8 (5.4 > 5)
+           Launch{24, 1536, 4096, true, 128},
+           // qwen3-30b-a3b ep=8 T=16384 GEMM2: 9 against 17, K 6 tiles: 2.0
+           Launch{136, 2048, 768, false, 128},
+           // qwen3-235b-a22b ep=8 T=16384 GEMM2: 17 against 33, K 12 tiles: 1.8
+           Launch{136, 4096, 1536, false, 256},
+       })
+    EXPECT_EQ(cuda::specialized_tile_cols(true, l.gated, l.tiles, l.out_cols, l.k, 1), l.cols)
+        << l.tiles << " tiles, " << l.out_cols << (l.gated ? " gated" : "") << " columns, e4m3";
+  // mixtral-8x7b ep=8 T=1024 GEMM2, split 4 ways: 128 items against 256, 1 round against 2,
+  // K 28 tiles a split: 1.69.
+  EXPECT_EQ(cuda::specialized_tile_cols(true, false, 2, 4096, 14336, 4), 256);
 }
 
 // sort_pairs' blocks: one per kPairsPerSortBlock pairs; and the plan that

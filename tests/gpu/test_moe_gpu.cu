@@ -325,31 +325,44 @@ TEST(GpuMoe, DecodeTileOnEveryRingDepth) {
     }
 }
 
-// The bf16 specialised tile at both widths (specialized_tile_cols, by a launch's likely work
-// items), I = 256: qwen3-30b-a3b's routing at reduced sizes, 1000 tokens on one rank of eight
-// (16 experts of ~62 rows: fewer 256-wide items than SMs, so 128 wide), and deepseek-v3's,
-// 4096 tokens on a single rank (~400 row tiles: 256 wide).
-TEST(GpuMoe, Bf16SpecializedTileOnBothWidths) {
+// The specialised tile at both widths (specialized_tile_cols, by a launch's likely work
+// items and, e4m3, its K tiles), bf16 and fp8_block (the wide e4m3 tile sums its two B
+// halves in turn, and GEMM1's fused quantisation takes a group from one tile, not from a
+// pair; the other fp8 schemes run narrow): qwen3-30b-a3b's routing at reduced sizes, 1000 tokens on one rank of eight (16
+// experts of ~62 rows, I = 256: fewer 256-wide items than SMs, K 2 tiles: 128 wide), and
+// mixtral-8x7b's with 16 experts, 512 tokens on a single rank (16 row tiles; H = 4096,
+// I = 1024: 128 and 256 wide items, K 32 and 8 tiles: 256 wide).
+TEST(GpuMoe, SpecializedTileOnBothWidths) {
   struct WidthCase {
     const char* preset;
-    int64_t tokens;
+    int64_t tokens, experts, hidden, intermediate;
     int ranks, cols;
   };
-  for (const WidthCase& c : {WidthCase{"qwen3-30b-a3b", 1000, 8, 128}, WidthCase{"deepseek-v3", 4096, 1, 256}}) {
-    RandomCaseOptions options = preset_options(*find_preset(c.preset), c.tokens, false, c.ranks, 0);
-    options.intermediate = 256;
-    const RoutingSpec& routing = options.spec.routing;
-    const cuda::TilePlan plan = cuda::plan_tiles(c.tokens, routing.top_k, routing.num_experts,
-                                                 routing.num_experts / c.ranks, options.shared_intermediate,
-                                                 options.hidden, options.intermediate);
-    ASSERT_EQ(plan.tile_rows, 128) << c.preset << ": the case no longer covers what it names";
-    ASSERT_EQ(plan.shared_tiles, 0) << c.preset << ": one tile list";
-    const int64_t gemm1_cols = std::max(options.intermediate, options.shared_intermediate);
-    ASSERT_EQ(cuda::specialized_tile_cols(false, true, plan.likely_tiles, gemm1_cols, 1), c.cols) << c.preset;
-    ASSERT_EQ(cuda::specialized_tile_cols(false, false, plan.likely_tiles, options.hidden, plan.k_splits), c.cols)
-        << c.preset;
-    expect_gpu_matches_cpu(options, c.preset, 1e-2);
-  }
+  for (const WidthCase& c :
+       {WidthCase{"qwen3-30b-a3b", 1000, 128, 256, 256, 8, 128}, WidthCase{"mixtral-8x7b", 512, 16, 4096, 1024, 1, 256}})
+    for (QuantScheme scheme : {QuantScheme::kBf16, QuantScheme::kFp8Block}) {
+      RandomCaseOptions options = preset_options(*find_preset(c.preset), c.tokens, false, c.ranks, 0);
+      options.spec.quant.scheme = scheme;
+      options.spec.routing.num_experts = c.experts;
+      options.hidden = c.hidden;
+      options.intermediate = c.intermediate;
+      const RoutingSpec& routing = options.spec.routing;
+      const cuda::TilePlan plan = cuda::plan_tiles(c.tokens, routing.top_k, routing.num_experts,
+                                                   routing.num_experts / c.ranks, options.shared_intermediate,
+                                                   options.hidden, options.intermediate);
+      ASSERT_EQ(plan.tile_rows, 128) << c.preset << ": the case no longer covers what it names";
+      ASSERT_EQ(plan.shared_tiles, 0) << c.preset << ": one tile list";
+      const bool fp8 = is_fp8(scheme);
+      ASSERT_EQ(cuda::specialized_tile_cols(fp8, true, plan.likely_tiles, options.intermediate, options.hidden, 1),
+                c.cols)
+          << c.preset << ": GEMM1";
+      ASSERT_EQ(cuda::specialized_tile_cols(fp8, false, plan.likely_tiles, options.hidden, options.intermediate,
+                                            plan.k_splits),
+                c.cols)
+          << c.preset << ": GEMM2";
+      const std::string name(quant_scheme_name(scheme));
+      expect_gpu_matches_cpu(options, std::string(c.preset) + " " + name, fp8 ? 3e-2 : 1e-2);
+    }
 }
 
 TEST(GpuMoe, Fp8BlockAtFullHiddenSize) {

@@ -134,10 +134,11 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
 cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
                                     int64_t likely_tiles, bool gated, Activation activation, cudaStream_t stream);
 // The specialised tile's width (B rows) for a launch of likely_tiles row tiles over
-// out_cols output columns (gated: of the intermediate), each split k_splits ways: e4m3 128;
-// bf16 256, or 128 where the narrower items fill the SMs in enough fewer waves to pay for
-// their lower rate.
-int specialized_tile_cols(bool fp8, bool gated, int64_t likely_tiles, int64_t out_cols, int k_splits);
+// out_cols output columns (gated: of the intermediate) and K = k, each split k_splits ways:
+// 256, or 128 where the narrower items fill the SMs in enough fewer waves to pay for their
+// lower rate. e4m3: by the length of an item's K loop too, for scales along K (fp8_block);
+// with scales in the epilogue (per channel, per tensor) always 128.
+int specialized_tile_cols(bool fp8, bool gated, int64_t likely_tiles, int64_t out_cols, int64_t k, int k_splits);
 // The decode tile's ring depth (stages) for a launch of likely_ctas CTAs: bf16 16 where they
 // fit one an SM, else 8; e4m3 6 where they fit three an SM, else 4.
 int choose_decode_stages(bool fp8, int64_t likely_ctas);
