@@ -7,7 +7,9 @@
 // group narrower than the routed experts (I_s < I: scopes cut short at its edge). Neither
 // width is a multiple of 128: the last group of each is 64 columns, one column tile of the
 // specialised tile, whose partner in the pair (a cluster of two) has no columns; and the
-// routed width's 5 column tiles make the grid pad a sixth.
+// routed width's 5 column tiles make the grid pad a sixth. The wide e4m3 tile (128 outputs,
+// a whole group, no pair) holds 64 columns in its last tile. GEMM1 keeps its bf16 copy here
+// (EpilogueQuantize::bf16_copy), which the operator leaves off.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -49,6 +51,8 @@ struct FusedCase {
   int tile_rows;  // the tile these tokens take: 16 (decode), 64 (medium) or 128 (specialised)
   bool more_items_than_ctas = false;  // specialised: persistent CTAs walk several work items each
   int fp8_decode_stages = 0;  // decode tile: the ring depth the launch is made to take (0: the plan's)
+  int64_t hidden = kHidden;
+  int specialized_cols = 0;   // specialised tile: the width the launch is made to take (0: the plan's)
 };
 
 class FusedQuantize : public ::testing::TestWithParam<FusedCase> {};
@@ -61,7 +65,7 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   std::vector<DeviceBuffer> storage;
   const int groups = kLocalExperts + 1;  // + the shared experts
   const int64_t T = c.tokens, pairs = T * kTopK, slots = pairs + T;
-  const int64_t K = kHidden, blocks_k = K / 128;
+  const int64_t K = c.hidden, blocks_k = K / 128;
   const bool per_group = c.granularity == cuda::Fp8Granularity::kPerGroup;  // else a static per-tensor scale
 
   // Routing: each token picks kTopK distinct local experts.
@@ -134,9 +138,18 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   q.scopes_per_tile = scopes;
   // The likely tile count picks the decode tile's ring depth (and nothing that matters for
   // the results): a count past what three CTAs an SM hold makes e4m3 take 4 stages, not 6.
-  const int64_t likely_tiles = c.fp8_decode_stages == 0 ? plan.likely_tiles : c.fp8_decode_stages == 6 ? 1 : 1 << 20;
+  // So does the specialised tile's width: a third as many likely tiles as SMs makes one
+  // round of 256-wide items (3 a row tile) against two of 128-wide ones (5), which a K loop of
+  // 24 K tiles or more pays for.
+  const int64_t likely_tiles = c.specialized_cols == 256 ? cuda::multiprocessor_count() / 3
+                               : c.fp8_decode_stages == 0 ? plan.likely_tiles
+                               : c.fp8_decode_stages == 6 ? 1
+                                                          : 1 << 20;
   if (c.fp8_decode_stages != 0)
     ASSERT_EQ(cuda::choose_decode_stages(/*fp8=*/true, likely_tiles * (kIntermediate / 32)), c.fp8_decode_stages);
+  if (c.specialized_cols != 0)
+    ASSERT_EQ(cuda::specialized_tile_cols(/*fp8=*/true, /*gated=*/true, likely_tiles, kIntermediate, K, 1),
+              c.specialized_cols);
   ASSERT_EQ(cuda::launch_grouped_gemm(gemm, layout, max_tiles, likely_tiles, /*gated=*/true, Activation::kSilu,
                                       tile_rows, nullptr),
             cudaSuccess);
@@ -144,7 +157,9 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   if (c.more_items_than_ctas) {
     int multiprocessors = 0;
     ASSERT_EQ(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-    const int64_t column_tiles = ((kIntermediate + 63) / 64 + 1) / 2 * 2;  // gated e4m3: 64 outputs a tile, paired
+    // gated e4m3: 64 outputs a tile, paired; the wide tile 128
+    const int64_t column_tiles =
+        c.specialized_cols == 256 ? (kIntermediate + 127) / 128 : ((kIntermediate + 63) / 64 + 1) / 2 * 2;
     ASSERT_GT(download(layout.tile_count, 1)[0] * column_tiles, multiprocessors)
         << "the case no longer has more work items than the GPU holds CTAs";
   }
@@ -204,7 +219,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // walks several, the exchange's two buffers in turn.
                       FusedCase{"per_group_specialized_tile_many_items", cuda::Fp8Granularity::kPerGroup, 1200, 128, true},
                       FusedCase{"static_per_tensor_specialized_tile_many_items", cuda::Fp8Granularity::kPerTensor,
-                                1200, 128, true}),
+                                1200, 128, true},
+                      // The wide tile (K of 24 K tiles), its persistent CTAs walking several items.
+                      FusedCase{"per_group_specialized_wide_tile", cuda::Fp8Granularity::kPerGroup, 2400, 128, true, 0,
+                                3072, 256}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

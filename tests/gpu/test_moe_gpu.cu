@@ -328,18 +328,18 @@ TEST(GpuMoe, DecodeTileOnEveryRingDepth) {
 // The specialised tile at both widths (specialized_tile_cols, by a launch's likely work
 // items and, e4m3, its K tiles), bf16 and fp8_block (the wide e4m3 tile sums its two B
 // halves in turn, and GEMM1's fused quantisation takes a group from one tile, not from a
-// pair; the other fp8 schemes run narrow): qwen3-30b-a3b's routing at reduced sizes, 1000 tokens on one rank of eight (16
-// experts of ~62 rows, I = 256: fewer 256-wide items than SMs, K 2 tiles: 128 wide), and
-// mixtral-8x7b's with 16 experts, 512 tokens on a single rank (16 row tiles; H = 4096,
-// I = 1024: 128 and 256 wide items, K 32 and 8 tiles: 256 wide).
+// pair; the other fp8 schemes run narrow): qwen3-30b-a3b's routing at reduced sizes, 1000
+// tokens on one rank of eight (16 experts of ~62 rows, I = 256: fewer 256-wide items than
+// SMs, K 2 tiles: 128 wide), and mixtral-8x7b's with 16 experts, 512 tokens on a single rank
+// (16 row tiles; H = 4096, I = 1024: 128 and 256 wide items, K 32 and 8 tiles: 256 wide).
 TEST(GpuMoe, SpecializedTileOnBothWidths) {
   struct WidthCase {
     const char* preset;
     int64_t tokens, experts, hidden, intermediate;
     int ranks, cols;
   };
-  for (const WidthCase& c :
-       {WidthCase{"qwen3-30b-a3b", 1000, 128, 256, 256, 8, 128}, WidthCase{"mixtral-8x7b", 512, 16, 4096, 1024, 1, 256}})
+  for (const WidthCase& c : {WidthCase{"qwen3-30b-a3b", 1000, 128, 256, 256, 8, 128},
+                             WidthCase{"mixtral-8x7b", 512, 16, 4096, 1024, 1, 256}})
     for (QuantScheme scheme : {QuantScheme::kBf16, QuantScheme::kFp8Block}) {
       RandomCaseOptions options = preset_options(*find_preset(c.preset), c.tokens, false, c.ranks, 0);
       options.spec.quant.scheme = scheme;
