@@ -499,6 +499,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     // GEMM1 of an fp8 scheme: its bf16 outputs stay for quantize_outputs, in the gate
     // accumulators they were computed from (read once each, just before).
     constexpr bool kQuantizes = kGated && kFp8;
+    const bool stores_bf16 = !groups.quantize.codes || groups.quantize.bf16_copy;  // quantising: c only on request
     // Writes the tile below `out`: bf16 c, or split K's f32 partial sums of this split. Chosen
     // once for the tile, with one row pointer per row, so each store is a predicated STG at a
     // constant offset, not an address computed per store behind a branch. The activation too
@@ -534,7 +535,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
             value[0] = activate_gate(value[0]) * up[0], value[1] = activate_gate(value[1]) * up[1];
           if constexpr (std::is_same_v<decltype(out), float*>)
             *reinterpret_cast<float2*>(out_row + col) = make_float2(value[0], value[1]);
-          else
+          else if (!kQuantizes || stores_bf16)
             store_pair(out_row + col, value[0], value[1]);
           if constexpr (kQuantizes)
             for (int e = 0; e < 2; ++e) acc[j][2 * h + e] = __bfloat162float(__float2bfloat16_rn(value[e]));

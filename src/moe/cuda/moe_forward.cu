@@ -323,6 +323,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
       q.group = spec.quant.block_k;
       q.static_scale = intermediate_static_scale;
       q.scopes_per_tile = layout.arrival_scopes;
+      q.bf16_copy = false;  // GEMM2 reads the codes
     }
   }
   CUDA_CHECK(launch_tile_lists(gemm1, layout, /*gated=*/true, spec.activation, stream));
