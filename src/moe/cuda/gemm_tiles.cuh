@@ -145,6 +145,12 @@ __device__ inline void store_pair(uint16_t* destination, float first, float seco
 __host__ __device__ inline int64_t column_extent(const GemmGroups& groups, bool gated) {
   return (groups.n > groups.n_shared ? groups.n : groups.n_shared) / (gated ? 2 : 1);
 }
+// Column tiles over out_cols output columns for tiles of tile_cols B rows (gated: half of
+// them gate rows, so tile_cols / 2 outputs a tile).
+__host__ __device__ inline int64_t column_tile_count(int64_t out_cols, int tile_cols, bool gated) {
+  const int64_t outputs = gated ? tile_cols / 2 : tile_cols;
+  return (out_cols + outputs - 1) / outputs;
+}
 
 // A row tile of the list (PairLayout) and the group it belongs to: what both GEMM kernels
 // read before their main loop.

@@ -447,14 +447,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   }
 }
 
-// Column tiles of a config's grid: over the wider group's output columns (gated: a tile's
-// Cols / 2 outputs).
-template <typename Cfg>
-int64_t column_tiles(const GemmGroups& groups, bool gated) {
-  const int64_t cols_per_tile = gated ? Cfg::kCols / 2 : Cfg::kCols;
-  return (column_extent(groups, gated) + cols_per_tile - 1) / cols_per_tile;
-}
-
 template <typename Cfg, bool kGated, Scales kScales>
 cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
                           Activation activation, cudaStream_t stream) {
@@ -465,7 +457,8 @@ cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, in
     return error != cudaSuccess ? error : prefer_max_shared_memory(kernel);
   }();
   if (attribute_error != cudaSuccess) return attribute_error;
-  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>(column_tiles<Cfg>(groups, kGated)),
+  const int64_t column_tiles = column_tile_count(column_extent(groups, kGated), Cfg::kCols, kGated);
+  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>(column_tiles),
                   static_cast<unsigned>(groups.k_splits));
   return launch_chained(kernel, grid, dim3(Cfg::kThreads), Cfg::kSharedBytes, stream, groups, layout, activation);
 }
@@ -593,7 +586,8 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
   };
   switch (tile_rows) {
     case DecodeConfig::kRows: {
-      const int64_t likely_ctas = likely_tiles * column_tiles<DecodeConfig>(groups, gated) * groups.k_splits;
+      const int64_t likely_ctas =
+          likely_tiles * column_tile_count(column_extent(groups, gated), DecodeConfig::kCols, gated) * groups.k_splits;
       switch (choose_decode_stages(groups.fp8, likely_ctas)) {  // bf16: deep or plain; e4m3: plain or shallow
         case DecodeDeepConfig::kStages: return dispatch.template operator()<DecodeDeepConfig, DecodeFp8Config>();
         case DecodeFp8ShallowConfig::kStages:

@@ -189,8 +189,7 @@ __host__ __device__ bool pairs_column_tiles(const GemmGroups& groups) {
 // count when they are paired.
 template <typename Tile, bool kGated>
 __host__ __device__ int64_t specialized_column_tiles(const GemmGroups& groups) {
-  constexpr int64_t cols_per_tile = kSpecializedOutCols<Tile, kGated>;
-  const int64_t tiles = (column_extent(groups, kGated) + cols_per_tile - 1) / cols_per_tile;
+  const int64_t tiles = column_tile_count(column_extent(groups, kGated), Tile::kCols, kGated);
   return pairs_column_tiles<Tile, kGated>(groups) ? (tiles + 1) / 2 * 2 : tiles;
 }
 
@@ -499,7 +498,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     // GEMM1 of an fp8 scheme: its bf16 outputs stay for quantize_outputs, in the gate
     // accumulators they were computed from (read once each, just before).
     constexpr bool kQuantizes = kGated && kFp8;
-    const bool stores_bf16 = !groups.quantize.codes || groups.quantize.bf16_copy;  // quantising: c only on request
+    // c, unless this GEMM quantises and the caller wants only the codes
+    const bool stores_bf16 = !kQuantizes || !groups.quantize.codes || groups.quantize.bf16_copy;
     // Writes the tile below `out`: bf16 c, or split K's f32 partial sums of this split. Chosen
     // once for the tile, with one row pointer per row, so each store is a predicated STG at a
     // constant offset, not an address computed per store behind a branch. The activation too
@@ -535,7 +535,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
             value[0] = activate_gate(value[0]) * up[0], value[1] = activate_gate(value[1]) * up[1];
           if constexpr (std::is_same_v<decltype(out), float*>)
             *reinterpret_cast<float2*>(out_row + col) = make_float2(value[0], value[1]);
-          else if (!kQuantizes || stores_bf16)
+          else if (stores_bf16)
             store_pair(out_row + col, value[0], value[1]);
           if constexpr (kQuantizes)
             for (int e = 0; e < 2; ++e) acc[j][2 * h + e] = __bfloat162float(__float2bfloat16_rn(value[e]));
@@ -675,9 +675,7 @@ int specialized_tile_cols(bool fp8, bool gated, int64_t likely_tiles, int64_t ou
   static_assert(Bf16NarrowTile::kCols == Fp8NarrowTile::kCols && Bf16Tile::kCols == Fp8Tile::kCols);
   // Rounds of one CTA an SM that a width's items take (the persistent CTAs walk them in turn).
   auto waves = [&](int cols) {
-    const int64_t cols_per_tile = gated ? cols / 2 : cols;
-    const int64_t column_tiles = (out_cols + cols_per_tile - 1) / cols_per_tile;
-    const int64_t items = std::max<int64_t>(1, likely_tiles) * column_tiles * k_splits;
+    const int64_t items = std::max<int64_t>(1, likely_tiles) * column_tile_count(out_cols, cols, gated) * k_splits;
     return (items + multiprocessor_count() - 1) / multiprocessor_count();
   };
   const int64_t narrow = waves(Bf16NarrowTile::kCols), wide = waves(Bf16Tile::kCols);
