@@ -365,6 +365,51 @@ TEST(GpuMoe, SpecializedTileOnBothWidths) {
     }
 }
 
+// bf16 row tiles run in clusters of two (pairs_row_tiles): a pair of one expert's row tiles
+// shares each B tile, each CTA loading half of it into both (TMA multicast); a pair that
+// straddles two experts loads its own, and an odd count's last tile is paired with a tile of
+// no rows. Mixtral's 8 experts, top-2, routed by hand: rows 300, 0, 520, 128, 0, 257, 61, 0
+// make 3 + 5 + 1 + 3 + 1 = 13 row tiles, so pairs (0,1), (4,5), (8,9) lie in one expert,
+// (2,3), (6,7), (10,11) straddle two, and tile 12 has the empty partner. H = 4096 and I =
+// 1024 put both GEMMs on the 256-wide tile; I = 512 puts GEMM1 on the 128-wide one.
+TEST(GpuMoe, RowTilePairsShareWeightTiles) {
+  const std::vector<int> expert_rows = {300, 0, 520, 128, 0, 257, 61, 0};
+  std::vector<int32_t> ids;  // expert per pair, in expert order: token t takes ids[t] and ids[t + T]
+  for (int e = 0; e < static_cast<int>(expert_rows.size()); ++e) ids.insert(ids.end(), expert_rows[e], e);
+  const int64_t T = static_cast<int64_t>(ids.size()) / 2;
+  std::vector<int32_t> topk_ids(2 * T);
+  std::vector<float> topk_weights(2 * T);
+  std::mt19937_64 rng(fresh_seed());
+  std::uniform_real_distribution<float> weight(0.1f, 0.9f);
+  for (int64_t t = 0; t < T; ++t) {
+    topk_ids[2 * t] = ids[t], topk_ids[2 * t + 1] = ids[t + T];
+    ASSERT_NE(topk_ids[2 * t], topk_ids[2 * t + 1]) << "token " << t << ": two different experts";
+    topk_weights[2 * t] = weight(rng), topk_weights[2 * t + 1] = weight(rng);
+  }
+  for (int64_t intermediate : {1024, 512}) {
+    RandomCaseOptions options = preset_options(*find_preset("mixtral-8x7b"), T, false, 1, 0);
+    options.hidden = 4096;
+    options.intermediate = intermediate;
+    const RoutingSpec& routing = options.spec.routing;
+    ASSERT_EQ(routing.num_experts, static_cast<int64_t>(expert_rows.size()));
+    ASSERT_EQ(routing.top_k, 2);
+    const cuda::TilePlan plan = cuda::plan_tiles(T, 2, routing.num_experts, routing.num_experts, 0, options.hidden,
+                                                 options.intermediate);
+    ASSERT_EQ(plan.tile_rows, 128) << "the case no longer covers what it names";
+    ASSERT_EQ(cuda::specialized_tile_cols(false, true, plan.likely_tiles, intermediate, options.hidden, 1),
+              intermediate == 1024 ? 256 : 128)
+        << "GEMM1 of I = " << intermediate;
+    ASSERT_EQ(cuda::specialized_tile_cols(false, false, plan.likely_tiles, options.hidden, intermediate, plan.k_splits),
+              256)
+        << "GEMM2 of I = " << intermediate;
+    MoeCase host = host_case(options);
+    host.inputs.router_logits.reset();
+    host.inputs.topk_ids = Tensor::contiguous(topk_ids.data(), DType::kI32, {T, 2});
+    host.inputs.topk_weights = Tensor::contiguous(topk_weights.data(), DType::kF32, {T, 2});
+    expect_gpu_matches_cpu(host, "row pairs, I " + std::to_string(intermediate), 1e-2);
+  }
+}
+
 TEST(GpuMoe, Fp8BlockAtFullHiddenSize) {
   for (const char* name : {"deepseek-v3", "qwen3-235b-a22b"}) {
     RandomCaseOptions options = preset_options(*find_preset(name), 7, true, 8, 0);

@@ -12,9 +12,10 @@
 // A rows [*, K] gathered per slot (K-major), B_g = [N, K] K-major, f32 accumulation, the
 // gated activation and GEMM1's fp8 quantisation fused into the epilogue.
 // Threads: three warpgroups. The producer (warpgroup 0, few registers) fills a ring of
-// stages: B by TMA (one 3-D tensor map over [experts, N, K]; gated: the tile's gate rows
-// and its up rows as two boxes, so columns [0, Cols/2) of the B tile are gate and the rest
-// up), A by cp.async (the rows are a gather of x, which TMA cannot do on sm_90), and, for
+// stages: B by TMA (one 3-D tensor map over [experts, N, K], a tile as two boxes of Cols/2
+// rows; gated: its gate rows and its up rows, so columns [0, Cols/2) of the B tile are gate
+// and the rest up; bf16 row tiles run in clusters of two that share B, each CTA loading one
+// box into both, pairs_row_tiles), A by cp.async (the rows are a gather of x, which TMA cannot do on sm_90), and, for
 // fp8_block, the stage's A and B scales. Each stage has a "full" mbarrier (the B bytes as a
 // transaction count, one cp.async arrival per producer thread) and an "empty" one (one
 // arrival per consumer warp). The two consumers (warpgroups 1 and 2, rows 0-63 and 64-127,
@@ -157,18 +158,47 @@ __device__ inline void load_box(uint8_t* destination, const CUtensorMap& map, in
 // The cluster barrier (pairs of column tiles): arrive once, wait later.
 __device__ inline void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
 __device__ inline void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
+// Every thread of a row pair at its end: neither CTA exits while the other may still
+// arrive on its barriers.
+__device__ inline void leave_pair() {
+  cluster_arrive();
+  cluster_wait();
+}
 
-// Writes `value` to the partner CTA's copy of `slot` (the other CTA of a cluster of two),
-// completing 4 bytes on its copy of `barrier`.
-__device__ inline void send_to_partner(uint32_t* slot, uint64_t* barrier, uint32_t value) {
-  uint32_t partner, remote_slot, remote_barrier;
+// The address of `local`'s copy in the partner CTA (the other CTA of a cluster of two).
+__device__ inline uint32_t partner_address(const void* local) {
+  uint32_t partner, remote;
   asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(partner));
-  partner ^= 1;
-  asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_slot) : "r"(shared_address(slot)), "r"(partner));
-  asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_barrier) : "r"(shared_address(barrier)), "r"(partner));
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];\n" ::"r"(remote_slot),
-               "r"(value), "r"(remote_barrier)
+  asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(shared_address(local)), "r"(partner ^ 1));
+  return remote;
+}
+
+// Writes `value` to the partner CTA's copy of `slot`, completing 4 bytes on its copy of
+// `barrier`.
+__device__ inline void send_to_partner(uint32_t* slot, uint64_t* barrier, uint32_t value) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];\n" ::"r"(
+                   partner_address(slot)),
+               "r"(value), "r"(partner_address(barrier))
                : "memory");
+}
+
+// Arrives on the partner CTA's copy of `barrier`. Release at CTA scope, as a local arrival:
+// it only orders this warp's reads of the stage (waited for already); at cluster scope each
+// arrival was a MEMBAR.ALL.GPU, a stall of every consumer warp each K tile (+12 to +58%).
+__device__ inline void barrier_arrive_partner(uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(partner_address(barrier)) : "memory");
+}
+
+// TMA multicast: the box at (k, row, expert) into `destination` of both CTAs of the cluster,
+// completing `bytes` on each one's copy of `barrier`.
+__device__ inline void load_box_to_pair(uint8_t* destination, const CUtensorMap& map, int k, int row, int expert,
+                                        uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(shared_address(destination)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(k), "r"(row), "r"(expert), "r"(shared_address(barrier)),
+      "h"(static_cast<uint16_t>(0b11))
+      : "memory");
 }
 
 // Output columns of a column tile (gated: half its B rows are gate, half up).
@@ -184,6 +214,18 @@ __host__ __device__ bool quantizes_per_group(const GemmGroups& groups) {
 template <typename Tile, bool kGated>
 __host__ __device__ bool pairs_column_tiles(const GemmGroups& groups) {
   return quantizes_per_group<Tile, kGated>(groups) && kSpecializedOutCols<Tile, kGated> < groups.quantize.group;
+}
+// Whether the grid pairs row tiles into clusters of two (bf16): two row tiles of one expert
+// need the same B tiles, so each CTA loads half of a B tile into both (TMA multicast) and B's
+// reads from L2 halve, where the K loop of the 128 x 256 tile asks L2 for 48 KB a stage. The
+// two walk their items in lockstep (a stage is refilled once both have read it), so every
+// row tile of the list needs the same K loop. bf16 only: measured at ep=8, T=2048-16384, it
+// took mixtral-8x7b 8-11% faster and deepseek-v3 2-6%, the qwen3 presets (short K) -3 to +1%;
+// e4m3 lost 2-4% in most cases (its consumers wait on each stage's sums, and the lockstep
+// adds the partner's waits to theirs).
+template <typename Tile, bool kGated>
+__host__ __device__ bool pairs_row_tiles(const GemmGroups& groups) {
+  return !Tile::kFp8 && (groups.n_shared == 0 || (groups.n_shared == groups.n && groups.k_shared == groups.k));
 }
 // Column tiles per row tile in the grid: over the wider group's output columns, an even
 // count when they are paired.
@@ -267,33 +309,44 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   wait_for_predecessor();
   constexpr int64_t cols_per_tile = kSpecializedOutCols<Tile, kGated>;
   const int64_t column_tiles = specialized_column_tiles<Tile, kGated>(groups);
-  const bool paired = pairs_column_tiles<Tile, kGated>(groups);
+  const bool column_pairs = pairs_column_tiles<Tile, kGated>(groups);
+  const bool row_pairs = pairs_row_tiles<Tile, kGated>(groups);
   // The work items (row tile, column tile), columns fastest, for the row tiles the sort
-  // made. This CTA takes every gridDim.x-th; a cluster of two (paired) takes every
-  // (gridDim.x / 2)-th pair of column tiles, its CTAs one column tile each.
+  // made. This CTA takes every gridDim.x-th. A cluster of two takes every (gridDim.x / 2)-th
+  // pair of items, its CTAs one each: two neighbouring column tiles (column_pairs), or row
+  // tiles 2 r and 2 r + 1 at one column tile (row_pairs: items 2 c and 2 c + 1 are the pair
+  // c of the list of (row tile pair, column tile); an odd count's last row tile is paired
+  // with a tile of no rows, which loads its half of B and writes nothing).
   // (int: the launch keeps max_tiles x column_tiles within it. In shared memory, read in each
   // loop's test: held in a register, the wide e4m3 consumer spilled it.)
-  __shared__ int items;
-  const int unit = paired ? 2 : 1;
-  const int first_item = static_cast<int>(blockIdx.x), item_stride = static_cast<int>(gridDim.x) / unit * unit;
+  __shared__ int items, tiles_made;
+  const int first_item = static_cast<int>(blockIdx.x), item_stride = static_cast<int>(gridDim.x);
+  const int rank = static_cast<int>(blockIdx.x % 2);  // in the cluster, where there is one
   // Split K (GEMM2 where its CTAs would not fill the GPU): split blockIdx.y of gridDim.y sums
   // the K tiles [first_k_tile, + k_tiles) of every item; GEMM1 never splits.
   // An item's place: its row tile, its first output column, and the columns there are.
   // The B tile's two halves (kCols / 2 rows each; gated: the gate rows, the up rows) each lie
-  // in one 128-row block of fp8_block weight scales: b_rows are their first weight rows (a
-  // half past the weights, whose outputs are not written, takes the last row's scales).
+  // in one 128-row block of fp8_block weight scales: b_rows are their first weight rows.
+  // b_to_pair: the row pair's tiles share B (one expert's), so each CTA loads one half for both.
   struct Place {
     RowTile tile;
     int64_t out_cols, column_tile, first_col, b_rows[2];
     int first_k_tile, k_tiles;
+    bool b_to_pair;
   };
   auto place_of = [&](int item) {
-    Place p{row_tile(groups, layout, item / static_cast<int>(column_tiles))};
+    const int columns = static_cast<int>(column_tiles);
+    const int tile = row_pairs ? item / 2 / columns * 2 + item % 2 : item / columns;
+    const bool beyond = tile >= tiles_made;  // the odd count's partner
+    Place p{row_tile(groups, layout, beyond ? tile - 1 : tile)};
+    if (beyond) p.tile.group_end = p.tile.first_slot;
+    const int partner = tile ^ 1;
+    p.b_to_pair = row_pairs && (beyond || partner >= tiles_made || layout.tile_group[partner] == p.tile.group);
     p.out_cols = kGated ? p.tile.n / 2 : p.tile.n;
-    p.column_tile = item % static_cast<int>(column_tiles);
+    p.column_tile = (row_pairs ? item / 2 : item) % columns;
     p.first_col = p.column_tile * cols_per_tile;
     p.b_rows[0] = p.first_col;
-    p.b_rows[1] = kGated ? p.out_cols + p.first_col : min(p.first_col + Tile::kCols / 2, p.tile.n - 1);
+    p.b_rows[1] = kGated ? p.out_cols + p.first_col : p.first_col + Tile::kCols / 2;
     const KTileRange range =
         kGated ? KTileRange{0, static_cast<int>((p.tile.k + Op::kDepth - 1) / Op::kDepth)}
                : split_k_tiles(p.tile.k, Op::kDepth, static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y));
@@ -308,16 +361,18 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   auto scales_up_front = [](int k_tiles) { return k_tiles <= kScaleSlots - kStages; };
 
   if (threadIdx.x == 0) {
-    items = *layout.tile_count * static_cast<int>(column_tiles);
+    tiles_made = *layout.tile_count;
+    items = (row_pairs ? (tiles_made + 1) / 2 * 2 : tiles_made) * static_cast<int>(column_tiles);
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&control.full[s], Tile::kProducerThreads + 1);  // + the arrival that sets the B bytes
-      barrier_init(&control.empty[s], Tile::kConsumerThreads / 32);
+      // every consumer warp, and with row pairs the partner's (its producer writes here too)
+      barrier_init(&control.empty[s], Tile::kConsumerThreads / 32 * (row_pairs ? 2 : 1));
     }
     barrier_init(&control.exchange.landed, 1);  // armed per item by the first consumer thread
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA and the partner
   }
   __syncthreads();
-  if (paired) {  // the partner's exchange barrier is set up before anything is sent to it
+  if (column_pairs || row_pairs) {  // the partner's barriers are set up before anything reaches them
     cluster_arrive();
     cluster_wait();
   }
@@ -352,8 +407,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       if constexpr (kPerKTile) {
         a_scale_source = a_scales.scales + scale_index(a_scales, max(a_row_of(groups, this_tile, thread), int64_t{0}), group) +
                          p.first_k_tile * a_scales.k_stride;
-        for (int half = 0; half < 2; ++half)
-          b_scale_source[half] = b_scales.scales + scale_index(b_scales, b_rows[half], this_tile.shared ? 0 : group) +
+        for (int half = 0; half < 2; ++half)  // (a half past the weights writes nothing: the last row's scales)
+          b_scale_source[half] = b_scales.scales +
+                                 scale_index(b_scales, min(b_rows[half], this_tile.n - 1), this_tile.shared ? 0 : group) +
                                  p.first_k_tile * b_scales.k_stride;
       }
       auto copy_a_scale = [&](int kt, uint32_t slot) {
@@ -378,13 +434,17 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         uint8_t* a_tile = ring + s * Tile::kStageBytes;
         uint8_t* b_tile = a_tile + Tile::kATileBytes;
         const int k0 = kt * Op::kDepth;  // from the split's first K tile
-        if (thread == 0) {
+        if (thread == 0) {  // B's two halves, or this CTA's half into both CTAs of a pair sharing B
           barrier_expect_bytes(&control.full[s], Tile::kBTileBytes);
-          constexpr int kBoxRows = kGated ? Tile::kCols / 2 : Tile::kCols;
 #pragma unroll
-          for (int half = 0; half < Tile::kCols / kBoxRows; ++half)
-            load_box(b_tile + half * kBoxRows * kRowBytes, b_map, static_cast<int>(first_k) + k0,
-                     static_cast<int>(b_rows[half]), expert, &control.full[s]);
+          for (int half = 0; half < 2; ++half) {
+            uint8_t* destination = b_tile + half * (Tile::kCols / 2) * kRowBytes;
+            const int box_k = static_cast<int>(first_k) + k0, box_row = static_cast<int>(b_rows[half]);
+            if (!p.b_to_pair)
+              load_box(destination, b_map, box_k, box_row, expert, &control.full[s]);
+            else if (half == rank)
+              load_box_to_pair(destination, b_map, box_k, box_row, expert, &control.full[s]);
+          }
         }
         const bool k_valid = first_k + k0 + chunk * (16 / Op::kBytes) < this_tile.k;
 #pragma unroll
@@ -402,6 +462,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       }
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if (row_pairs) leave_pair();
     return;
   }
 
@@ -429,13 +490,19 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const uint32_t b_descriptor0 = wgmma_descriptor_low(ring + Tile::kATileBytes);
   constexpr uint32_t kStageStep = Tile::kStageBytes >> 4;  // a stage further, in the address field's units
   uint32_t exchanges = 0;  // items whose amax went through the pair exchange
+  // A stage read by this warp; with row pairs the partner's producer fills this CTA's copy
+  // of the stage too, so it hears of it as well.
+  auto release = [&](int released_stage) {
+    barrier_arrive(&control.empty[released_stage]);
+    if (row_pairs) barrier_arrive_partner(&control.empty[released_stage]);
+  };
   for (int item = first_item; item < items; item += item_stride) {
     const Place p = place_of(item);
     if (p.first_col >= p.out_cols) continue;  // (a pair's partner sees that and neither waits for nor sends to this CTA)
     const auto& [group, first_slot, group_end, shared, N, K] = p.tile;
     const int64_t out_cols = p.out_cols, first_col = p.first_col;
     const int64_t(&b_rows)[2] = p.b_rows;
-    const bool partner_has_columns = paired && (p.column_tile ^ 1) * cols_per_tile < out_cols;
+    const bool partner_has_columns = column_pairs && (p.column_tile ^ 1) * cols_per_tile < out_cols;
     float acc[Tile::kMmaN][4];
 #pragma unroll
     for (int j = 0; j < Tile::kMmaN; ++j)
@@ -467,7 +534,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
             b_scale[0] = control.b_scales[slot][0], b_scale[1] = control.b_scales[slot][1];
           }
           wgmma_wait<0>();
-          if (round == kSumRounds - 1 && lane == 0) barrier_arrive(&control.empty[stage]);
+          if (round == kSumRounds - 1 && lane == 0) release(stage);
 #pragma unroll
           for (int j = 0; j < kSumBlocks; ++j) {
             const int block = round * kSumBlocks + j;  // of the accumulator; its B half's scale
@@ -483,11 +550,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                                          wgmma_descriptor(b_descriptor + 2 * kk), true);
         wgmma_commit();
         wgmma_wait<1>();  // the previous stage's group is done: release that stage
-        if (kt > 0 && lane == 0) barrier_arrive(&control.empty[previous_stage]);
+        if (kt > 0 && lane == 0) release(previous_stage);
       }
     }
     wgmma_wait<0>();
-    if (!kFp8 && p.k_tiles > 0 && lane == 0) barrier_arrive(&control.empty[previous_stage]);  // the item's last
+    if (!kFp8 && p.k_tiles > 0 && lane == 0) release(previous_stage);  // the item's last
 
     // Epilogue (the producer already fills the ring for the next item): rows rows[h],
     // columns 8 j + 2 (lane % 4) + e of the B tile (gated: j < kMmaN / 2 gate, j + kMmaN / 2
@@ -560,6 +627,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       }
     }
   }
+  if (row_pairs) leave_pair();
 }
 
 // cuTensorMapEncodeTiled, from the driver the runtime has loaded (no link to libcuda).
@@ -631,7 +699,7 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
   }();
   if (attribute_error != cudaSuccess) return attribute_error;
   // Both maps exist for the launch; one without weights stands in for the other (never read).
-  const int box_rows = kGated ? Tile::kCols / 2 : Tile::kCols;
+  const int box_rows = Tile::kCols / 2;  // a B tile is two boxes
   CUtensorMap routed{}, shared{};
   const bool has_routed = groups.b_routed && groups.local_experts > 0 && groups.n > 0 && groups.k > 0;
   const bool has_shared = groups.b_shared && groups.n_shared > 0 && groups.k_shared > 0;
@@ -647,23 +715,25 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
       return error;
   if (!has_routed) routed = shared;
   if (!has_shared) shared = routed;
-  const bool paired = pairs_column_tiles<Tile, kGated>(groups);
+  const bool column_pairs = pairs_column_tiles<Tile, kGated>(groups);
+  const bool row_pairs = pairs_row_tiles<Tile, kGated>(groups);
   // A group of the fused quantisation is a tile's columns, or a pair's.
   if (quantizes_per_group<Tile, kGated>(groups) &&
-      groups.quantize.group != (paired ? 2 : 1) * kSpecializedOutCols<Tile, kGated>)
+      groups.quantize.group != (column_pairs ? 2 : 1) * kSpecializedOutCols<Tile, kGated>)
     return cudaErrorInvalidValue;
   // Persistent: as many CTAs as the GPU holds at once (in clusters of two where paired), at
   // most one per possible work item; split K's slices share them (the rule that splits keeps
   // its CTAs within one wave).
   static const std::pair<cudaError_t, int64_t> resident[2] = {resident_ctas(kernel, Tile::kThreads, kSharedBytes, 1),
                                                                resident_ctas(kernel, Tile::kThreads, kSharedBytes, 2)};
-  const auto [resident_error, resident_count] = resident[paired ? 1 : 0];
+  const unsigned unit = column_pairs || row_pairs ? 2 : 1;  // CTAs a cluster
+  const auto [resident_error, resident_count] = resident[unit - 1];
   if (resident_error != cudaSuccess) return resident_error;
-  const int unit = paired ? 2 : 1;
-  const int64_t items = max_tiles * specialized_column_tiles<Tile, kGated>(groups);
+  const int64_t row_tiles = row_pairs ? (max_tiles + 1) / 2 * 2 : max_tiles;
+  const int64_t items = row_tiles * specialized_column_tiles<Tile, kGated>(groups);
   if (items > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;  // the kernel counts them in int
   const int64_t ctas = std::min(items, std::max<int64_t>(resident_count / groups.k_splits, unit)) / unit * unit;
-  return launch_kernel_in_clusters(Start::kEarly, paired ? 2 : 1, kernel,
+  return launch_kernel_in_clusters(Start::kEarly, unit, kernel,
                                    dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(groups.k_splits)),
                                    dim3(Tile::kThreads), kSharedBytes, stream, routed, shared, groups, layout,
                                    activation);
