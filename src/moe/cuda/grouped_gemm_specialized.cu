@@ -15,13 +15,14 @@
 // stages: B by TMA (one 3-D tensor map over [experts, N, K], a tile as two boxes of Cols/2
 // rows; gated: its gate rows and its up rows, so columns [0, Cols/2) of the B tile are gate
 // and the rest up; bf16 row tiles run in clusters of two that share B, each CTA loading one
-// box into both, pairs_row_tiles), A by cp.async (the rows are a gather of x, which TMA cannot do on sm_90), and, for
-// fp8_block, the stage's A and B scales. Each stage has a "full" mbarrier (the B bytes as a
-// transaction count, one cp.async arrival per producer thread) and an "empty" one (one
-// arrival per consumer warp). The two consumers (warpgroups 1 and 2, rows 0-63 and 64-127,
-// most registers) only wait and multiply: bf16 keeps one wgmma group in flight; fp8 waits
-// for each stage's sums and adds them to the accumulator times the stage's scales, and
-// while one consumer does that the other's wgmma keeps the tensor cores busy.
+// box into both, pairs_row_tiles), A by cp.async (the rows are a gather of x, which TMA
+// cannot do on sm_90), and, for fp8_block, the stage's A and B scales. Each stage has a
+// "full" mbarrier (the B bytes as a transaction count, one cp.async arrival per producer
+// thread) and an "empty" one (one arrival per consumer warp). The two consumers (warpgroups
+// 1 and 2, rows 0-63 and 64-127, most registers) only wait and multiply: bf16 keeps one
+// wgmma group in flight; fp8 waits for each stage's sums and adds them to the accumulator
+// times the stage's scales, and while one consumer does that the other's wgmma keeps the
+// tensor cores busy.
 // Tiles: 128 x 256, or 128 x 128 for launches whose 256-wide items would leave many SMs
 // idle in their last wave or (e4m3) run short K loops (specialized_tile_cols). bf16 m64n256k16
 // or m64n128k16 per consumer; e4m3 m64n128k32 into a second accumulator for the per-stage
@@ -158,9 +159,10 @@ __device__ inline void load_box(uint8_t* destination, const CUtensorMap& map, in
 // The cluster barrier (pairs of column tiles): arrive once, wait later.
 __device__ inline void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
 __device__ inline void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
-// Every thread of a row pair at its end: neither CTA exits while the other may still
-// arrive on its barriers.
-__device__ inline void leave_pair() {
+// Every thread of both CTAs: at the start, so that each one's barriers are set up before the
+// partner reaches them; at the end of a row pair, so that neither exits while the other may
+// still arrive on its barriers.
+__device__ inline void cluster_sync() {
   cluster_arrive();
   cluster_wait();
 }
@@ -226,6 +228,12 @@ __host__ __device__ bool pairs_column_tiles(const GemmGroups& groups) {
 template <typename Tile, bool kGated>
 __host__ __device__ bool pairs_row_tiles(const GemmGroups& groups) {
   return !Tile::kFp8 && (groups.n_shared == 0 || (groups.n_shared == groups.n && groups.k_shared == groups.k));
+}
+// Row tiles the grid walks for `tiles` of the list: with row pairs an even count (an odd
+// count's last tile has a partner of no rows).
+template <typename Count>
+__host__ __device__ Count grid_row_tiles(Count tiles, bool row_pairs) {
+  return row_pairs ? (tiles + 1) / 2 * 2 : tiles;
 }
 // Column tiles per row tile in the grid: over the wider group's output columns, an even
 // count when they are paired.
@@ -362,7 +370,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 
   if (threadIdx.x == 0) {
     tiles_made = *layout.tile_count;
-    items = (row_pairs ? (tiles_made + 1) / 2 * 2 : tiles_made) * static_cast<int>(column_tiles);
+    items = grid_row_tiles(tiles_made, row_pairs) * static_cast<int>(column_tiles);
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&control.full[s], Tile::kProducerThreads + 1);  // + the arrival that sets the B bytes
       // every consumer warp, and with row pairs the partner's (its producer writes here too)
@@ -372,10 +380,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA and the partner
   }
   __syncthreads();
-  if (column_pairs || row_pairs) {  // the partner's barriers are set up before anything reaches them
-    cluster_arrive();
-    cluster_wait();
-  }
+  if (column_pairs || row_pairs) cluster_sync();
 
   if (threadIdx.x < Tile::kProducerThreads) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tile::kProducerRegisters));
@@ -407,10 +412,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       if constexpr (kPerKTile) {
         a_scale_source = a_scales.scales + scale_index(a_scales, max(a_row_of(groups, this_tile, thread), int64_t{0}), group) +
                          p.first_k_tile * a_scales.k_stride;
-        for (int half = 0; half < 2; ++half)  // (a half past the weights writes nothing: the last row's scales)
-          b_scale_source[half] = b_scales.scales +
-                                 scale_index(b_scales, min(b_rows[half], this_tile.n - 1), this_tile.shared ? 0 : group) +
+        for (int half = 0; half < 2; ++half) {
+          const int64_t b_row = min(b_rows[half], this_tile.n - 1);  // (a half past the weights writes nothing)
+          b_scale_source[half] = b_scales.scales + scale_index(b_scales, b_row, this_tile.shared ? 0 : group) +
                                  p.first_k_tile * b_scales.k_stride;
+        }
       }
       auto copy_a_scale = [&](int kt, uint32_t slot) {
         copy_scale_async(&control.a_scales[slot][thread], a_scale_source + kt * a_scales.k_stride);
@@ -462,7 +468,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       }
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
-    if (row_pairs) leave_pair();
+    if (row_pairs) cluster_sync();
     return;
   }
 
@@ -627,7 +633,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       }
     }
   }
-  if (row_pairs) leave_pair();
+  if (row_pairs) cluster_sync();
 }
 
 // cuTensorMapEncodeTiled, from the driver the runtime has loaded (no link to libcuda).
@@ -729,8 +735,7 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
   const unsigned unit = column_pairs || row_pairs ? 2 : 1;  // CTAs a cluster
   const auto [resident_error, resident_count] = resident[unit - 1];
   if (resident_error != cudaSuccess) return resident_error;
-  const int64_t row_tiles = row_pairs ? (max_tiles + 1) / 2 * 2 : max_tiles;
-  const int64_t items = row_tiles * specialized_column_tiles<Tile, kGated>(groups);
+  const int64_t items = grid_row_tiles(max_tiles, row_pairs) * specialized_column_tiles<Tile, kGated>(groups);
   if (items > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;  // the kernel counts them in int
   const int64_t ctas = std::min(items, std::max<int64_t>(resident_count / groups.k_splits, unit)) / unit * unit;
   return launch_kernel_in_clusters(Start::kEarly, unit, kernel,
