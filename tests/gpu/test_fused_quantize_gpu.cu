@@ -110,6 +110,8 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   gemm.k = gemm.k_shared = K;
   gemm.n_shared = n_shared;
   gemm.local_experts = kLocalExperts;
+  gemm.shared_first_slot = static_cast<int32_t>(pairs);  // where sort_pairs puts the shared group
+  gemm.shared_rows = static_cast<int32_t>(T);
   // Per tensor: x's static scale, and the intermediate's, under which outputs of 1e-5 to 0.1
   // give codes from subnormal to saturated.
   const float* x_scale = upload_vector(std::vector<float>{0.05f}, storage);
@@ -170,7 +172,7 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
                          c.granularity};
   pass.group = 128;
   pass.static_scale = q.static_scale;
-  pass.row_groups = {layout.group_offsets, groups, groups - 1, kSharedIntermediate};
+  pass.row_groups = {layout.group_offsets, groups, groups - 1, kSharedIntermediate, layout.group_counts};
   ASSERT_EQ(cuda::launch_quantize_fp8(pass, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 

@@ -80,19 +80,23 @@ TEST_P(SortPairs, PlacesEveryLocalPairOnceAndSchedulesItsTiles) {
   if (shared) expected_counts[groups - 1] = c.tokens;
   const std::vector<int32_t> counts = download(layout.group_counts, groups);
   const std::vector<int32_t> offsets = download(layout.group_offsets, groups + 1);
+  // The routed groups' slots one after another from 0, the shared group's at [T k, + T),
+  // wherever the routing leaves the routed ones.
   int64_t offset = 0;
   for (int g = 0; g < groups; ++g) {
+    const bool shared_group = shared && g == groups - 1;
     EXPECT_EQ(counts[g], expected_counts[g]) << "group " << g;
-    EXPECT_EQ(offsets[g], offset) << "group " << g;
-    offset += expected_counts[g];
+    EXPECT_EQ(offsets[g], shared_group ? pairs : offset) << "group " << g;
+    if (!shared_group) offset += expected_counts[g];
   }
-  ASSERT_EQ(offsets[groups], offset);
-  const int64_t used_slots = offset;
+  ASSERT_EQ(offsets[groups], shared ? slots : offset);
+  const int64_t routed_slots = offset;
 
-  // Every local pair in a slot of its group, holding its token; every slot taken once.
+  // Every local pair in a slot of its group, holding its token; every slot taken once, the
+  // ones between the routed slots and the shared group's never.
   const std::vector<int32_t> slot_of_pair = download(layout.slot_of_pair, pairs);
   const std::vector<int32_t> slot_token = download(layout.slot_token, slots);
-  std::vector<int> taken(used_slots, 0);
+  std::vector<int> taken(slots, 0);
   for (int64_t p = 0; p < pairs; ++p) {
     const int group = group_of(ids[p]);
     const int32_t slot = slot_of_pair[p];
@@ -100,7 +104,7 @@ TEST_P(SortPairs, PlacesEveryLocalPairOnceAndSchedulesItsTiles) {
       EXPECT_EQ(slot, -1) << "pair " << p << " of a non-local expert";
       continue;
     }
-    ASSERT_TRUE(slot >= offsets[group] && slot < offsets[group + 1]) << "pair " << p << " slot " << slot;
+    ASSERT_TRUE(slot >= offsets[group] && slot < offsets[group] + counts[group]) << "pair " << p << " slot " << slot;
     ++taken[slot];
     EXPECT_EQ(slot_token[slot], p / c.top_k) << "slot " << slot;
   }
@@ -111,26 +115,33 @@ TEST_P(SortPairs, PlacesEveryLocalPairOnceAndSchedulesItsTiles) {
       EXPECT_EQ(slot_token[slot], t) << "shared slot " << slot;
     }
   int64_t slots_not_taken_once = 0;
-  for (int n : taken) slots_not_taken_once += n != 1;
+  for (int64_t slot = 0; slot < slots; ++slot) {
+    const bool used = slot < routed_slots || (shared && slot >= pairs);
+    slots_not_taken_once += taken[slot] != (used ? 1 : 0);
+  }
   EXPECT_EQ(slots_not_taken_once, 0);
 
-  // Tile lists: each group's ceil(count / rows) tiles in group order, the shared group's in
-  // its own list from max_tiles on when the plan sets it apart.
+  // Tile lists: each group's ceil(count / rows) tiles in group order; the shared group's
+  // first in the main list (GEMM1 starts them before the sort ends), or in its own list from
+  // max_tiles on when the plan sets it apart.
   const std::vector<int32_t> tile_group = download(layout.tile_group, all_tiles);
   const std::vector<int32_t> tile_row = download(layout.tile_row, all_tiles);
   const std::vector<int32_t> tile_count = download(layout.tile_count, 2);
   const bool apart = shared && plan.shared_tile_rows > 0;
-  int64_t main_tile = 0, shared_tile = plan.max_tiles;
+  const int64_t shared_main_tiles = shared && !apart ? (c.tokens + plan.tile_rows - 1) / plan.tile_rows : 0;
+  int64_t main_tile = shared_main_tiles, shared_tile = plan.max_tiles, shared_main_tile = 0;
   for (int g = 0; g < groups; ++g) {
-    const bool own_list = apart && g == groups - 1;
+    const bool shared_group = shared && g == groups - 1;
+    const bool own_list = apart && shared_group;
     const int rows = own_list ? plan.shared_tile_rows : plan.tile_rows;
-    int64_t& tile = own_list ? shared_tile : main_tile;
+    int64_t& tile = own_list ? shared_tile : shared_group ? shared_main_tile : main_tile;
     for (int64_t row = 0; row < expected_counts[g]; row += rows, ++tile) {
       ASSERT_LT(tile, own_list ? all_tiles : plan.max_tiles) << "group " << g << " beyond its list's capacity";
       EXPECT_EQ(tile_group[tile], g) << "tile " << tile;
       EXPECT_EQ(tile_row[tile], offsets[g] + row) << "tile " << tile;
     }
   }
+  if (shared && !apart) EXPECT_EQ(shared_main_tile, shared_main_tiles);
   EXPECT_EQ(tile_count[0], main_tile);
   EXPECT_EQ(tile_count[1], apart ? shared_tile - plan.max_tiles : 0);
 

@@ -163,14 +163,22 @@ struct RowTile {
 __device__ inline RowTile row_tile(const GemmGroups& groups, const PairLayout& layout, int tile) {
   const int group = layout.tile_group[tile];
   const bool shared = group == groups.local_experts;
-  return {group, layout.tile_row[tile], layout.group_offsets[group + 1], shared,
+  return {group, layout.tile_row[tile], layout.group_offsets[group] + layout.group_counts[group], shared,
           shared ? groups.n_shared : groups.n, shared ? groups.k_shared : groups.k};
 }
-// The A row behind row `row` of the tile (a gather through the slot map), or -1 past the group.
+// Row tile `tile` (< groups.early_shared_tiles) of the shared group, which sort_pairs puts
+// first in the main list: known without the sort's output.
+__device__ inline RowTile early_shared_tile(const GemmGroups& groups, int tile, int tile_rows) {
+  return {groups.local_experts, groups.shared_first_slot + tile * tile_rows,
+          groups.shared_first_slot + groups.shared_rows, true, groups.n_shared, groups.k_shared};
+}
+// The A row behind row `row` of the tile (a gather through the slot map; the shared group's
+// slot shared_first_slot + t is token t), or -1 past the group.
 __device__ inline int64_t a_row_of(const GemmGroups& groups, const RowTile& tile, int row) {
   const int32_t slot = tile.first_slot + row;
   if (slot >= tile.group_end) return -1;
-  return groups.a_row_of_slot ? groups.a_row_of_slot[slot] : slot;
+  if (!groups.a_row_of_slot) return slot;
+  return tile.shared ? slot - groups.shared_first_slot : groups.a_row_of_slot[slot];
 }
 
 // Where the fp8 scales of row (or weight row) `n` of group `group` start; K tile k adds

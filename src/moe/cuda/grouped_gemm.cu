@@ -4,7 +4,8 @@
 // grouped_gemm_specialized.cu's. The tile format and wgmma helpers: gemm_tiles.cuh.
 //
 // Work: blockIdx.x = a row tile of PairLayout (one group = one expert, up to tile_rows
-// consecutive slots), blockIdx.y = a column tile. Tiles past tile_count exit at once, so
+// consecutive slots), blockIdx.y = a column tile (bf16 GEMM1 puts the shared group's tiles
+// first, GemmGroups::early_shared_tiles). Tiles past tile_count exit at once, so
 // the grid is sized from an upper bound and the launch needs no host synchronisation.
 // Layout: A rows (activations, K-major) are gathered per slot through a_row_of_slot; B is
 // the expert's weight [N, K], K-major, so both operands are "K-contiguous" and a C tile is
@@ -127,17 +128,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   extern __shared__ __align__(128) uint8_t shared_raw[];
   uint8_t* shared_tiles = aligned_tiles(shared_raw);
   allow_successor();
-  wait_for_predecessor();
-  const int tile = blockIdx.x;
-  if (tile >= *layout.tile_count) return;
-  const RowTile this_tile = row_tile(groups, layout, tile);
+  // bf16 GEMM1 on the decode tile: the shared group's tiles (the first early_shared_tiles of
+  // the list) come first in the grid, every column of one, then of the next, and start at
+  // once: they read x and the weights, which the operator's first kernel already waited for,
+  // and write slots nothing reads before GEMM2, so they stream the shared expert's weights
+  // while the route and the sort run. The other CTAs keep the grid's order (row tiles
+  // fastest) and wait for the sort. Measured (ep=8, docs/KERNELS.md, twelfth session):
+  // deepseek-v3 T=1 -16.8%, llama4-scout -7.6%; on the medium tile +3 to +7% at T=256-1024.
+  int tile = blockIdx.x, column_tile = blockIdx.y;
+  bool early = false;
+  if constexpr (kGated && !kFp8 && Cfg::kRows == DecodeConfig::kRows) {
+    if (const int early_tiles = groups.early_shared_tiles; early_tiles > 0) {
+      const int position = blockIdx.x + gridDim.x * blockIdx.y, early_ctas = early_tiles * gridDim.y;
+      early = position < early_ctas;
+      const int later = position - early_ctas, later_tiles = gridDim.x - early_tiles;
+      tile = early ? position % early_tiles : early_tiles + later % later_tiles;
+      column_tile = early ? position / early_tiles : later / later_tiles;
+    }
+  }
+  if (!early) {
+    wait_for_predecessor();
+    if (tile >= *layout.tile_count) return;
+  }
+  const RowTile this_tile = early ? early_shared_tile(groups, tile, Cfg::kRows) : row_tile(groups, layout, tile);
   const auto& [group, first_slot, group_end, shared, N, K] = this_tile;
   const auto* A = static_cast<const uint8_t*>(shared ? groups.a_shared : groups.a_routed);
   const auto* B = static_cast<const uint8_t*>(shared ? groups.b_shared : groups.b_routed) +
                   (shared ? 0 : static_cast<int64_t>(group) * N * K * Op::kBytes);
   // Output columns of this tile: gated tiles produce Cols / 2 intermediate columns.
   const int64_t out_cols = kGated ? N / 2 : N;
-  const int64_t first_col = static_cast<int64_t>(blockIdx.y) * (kGated ? Cfg::kCols / 2 : Cfg::kCols);
+  const int64_t first_col = static_cast<int64_t>(column_tile) * (kGated ? Cfg::kCols / 2 : Cfg::kCols);
   if (first_col >= out_cols) return;
   // The weight row behind column `col` of the tile (gated: gate and up rows interleaved by 8),
   // or -1 past the matrix.

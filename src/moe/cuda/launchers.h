@@ -117,6 +117,11 @@ struct GemmGroups {
   int64_t n, k;              // of the local experts' B
   int64_t n_shared, k_shared;
   int local_experts;         // groups below this are local experts, the next one is shared
+  int32_t shared_first_slot = 0, shared_rows = 0;  // the shared group's slots (sort_pairs: T k, T)
+  // GEMM1 on bf16: the first early_shared_tiles row tiles of the main list are the shared
+  // group's (sort_pairs puts them there), whose CTAs need nothing the route or the sort
+  // writes: grouped_gemm.cu's decode tile starts them first and without waiting for the sort.
+  int early_shared_tiles = 0;
   uint16_t* c;               // [slots, c_stride]
   int64_t c_stride;
   // Split K (not gated): k_splits CTAs share each tile's K and write f32 partial sums to
@@ -205,6 +210,7 @@ struct RowGroups {
   int count = 0;
   int shared_group = -1;
   int64_t shared_cols = 0;
+  const int32_t* counts = nullptr;  // [count]: group g's rows are [offsets[g], + counts[g]), the rest unused
 };
 struct Fp8Quantize {
   const uint16_t* values;

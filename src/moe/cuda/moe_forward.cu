@@ -296,6 +296,10 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm1.n_shared = 2 * s.shared_intermediate;
   gemm1.k_shared = s.hidden;
   gemm1.local_experts = static_cast<int>(s.num_local_experts);
+  gemm1.shared_first_slot = static_cast<int32_t>(s.tokens * s.top_k);
+  gemm1.shared_rows = static_cast<int32_t>(s.tokens);
+  if (shared && !fp8 && layout.tiles.shared_tile_rows == 0)
+    gemm1.early_shared_tiles = static_cast<int>((s.tokens + layout.tiles.tile_rows - 1) / layout.tiles.tile_rows);
   gemm1.c = layout.intermediate;
   gemm1.c_stride = widest;
   if (fp8) {
@@ -354,7 +358,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
           activation_grid(spec.quant, layout.intermediate_scales, widest, intermediate_static_scale, true);
     } else {
       const cuda::RowGroups row_groups{layout.pairs.group_offsets, groups, shared ? groups - 1 : -1,
-                                       s.shared_intermediate};
+                                       s.shared_intermediate, layout.pairs.group_counts};
       const Fp8Input intermediate =
           quantize_input(spec.quant, layout.intermediate, layout.slots, s.intermediate, widest,
                          layout.intermediate_codes, layout.intermediate_scales, weights.intermediate_scale, row_groups,

@@ -53,6 +53,7 @@ __device__ RowPlace place_of(const Fp8Quantize& q, int64_t row) {
     const int middle = (low + high + 1) / 2;
     if (g.offsets[middle] <= row) low = middle; else high = middle - 1;
   }
+  if (row >= g.offsets[low] + g.counts[low]) return {0, 0, false};  // between the routed slots and the shared
   return {low, low == g.shared_group ? g.shared_cols : q.cols, true};
 }
 

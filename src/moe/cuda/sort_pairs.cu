@@ -17,7 +17,10 @@
 // The order of slots inside a group depends on the atomics, but nothing downstream depends
 // on it: a GEMM row's result does not depend on which rows share its tile, and the combine
 // reads each pair's slot in the fixed order j = 0..k-1, so the output is bitwise the same.
-// The shared experts, when present, are the last group: slot offset + t for token t.
+// The shared experts, when present, are the last group, at a place that does not depend on
+// the routing: slots [pairs, pairs + T) (slot pairs + t for token t, after the routed
+// groups' slots and the unused ones) and, in the main list, its first ceil(T / tile_rows)
+// tiles, so GEMM1 can start them before this kernel ends (grouped_gemm.cu).
 #include <algorithm>
 #include <limits>
 
@@ -95,23 +98,25 @@ __device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, i
   auto apart = [&](int g) { return shared_apart && g == a.shared_group; };  // on the shared group's own list
   auto tile_rows_of = [&](int g) { return apart(g) ? plan.shared_tile_rows : plan.tile_rows; };
   if (threadIdx.x == 0) {
+    const bool shared_in_main = a.shared_group >= 0 && !shared_apart;
     if (a.shared_group >= 0) totals[a.shared_group] = static_cast<int32_t>(a.tokens);
-    int32_t slot = 0, tile = 0;
+    int32_t slot = 0, tile = shared_in_main ? static_cast<int32_t>((a.tokens + plan.tile_rows - 1) / plan.tile_rows) : 0;
     for (int g = 0; g < a.groups; ++g) {
+      const bool shared = g == a.shared_group;
       const int32_t count = totals[g];
       const int rows = tile_rows_of(g);
-      const int32_t first = apart(g) ? static_cast<int32_t>(plan.max_tiles) : tile;
+      const int32_t first = apart(g) ? static_cast<int32_t>(plan.max_tiles) : shared ? 0 : tile;
       const int32_t capacity = apart(g) ? static_cast<int32_t>(plan.max_tiles + plan.shared_tiles)
                                         : static_cast<int32_t>(plan.max_tiles);
       tile_first[g] = first;
       tile_end[g] = min(first + (count + rows - 1) / rows, capacity);  // the plan's bounds make min a no-op
-      if (!apart(g)) tile = tile_end[g];
-      base[g] = slot;
-      if (writes_schedule) layout.group_counts[g] = count, layout.group_offsets[g] = slot;
-      slot += count;
+      if (!shared) tile = tile_end[g];
+      base[g] = shared ? static_cast<int32_t>(a.pairs) : slot;
+      if (writes_schedule) layout.group_counts[g] = count, layout.group_offsets[g] = base[g];
+      if (!shared) slot += count;
     }
     if (writes_schedule) {
-      layout.group_offsets[a.groups] = slot;
+      layout.group_offsets[a.groups] = a.shared_group >= 0 ? static_cast<int32_t>(a.pairs + a.tokens) : slot;
       layout.tile_count[0] = tile;
       layout.tile_count[1] = shared_apart ? tile_end[a.shared_group] - tile_first[a.shared_group] : 0;
     }
