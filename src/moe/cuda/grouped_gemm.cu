@@ -128,16 +128,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   extern __shared__ __align__(128) uint8_t shared_raw[];
   uint8_t* shared_tiles = aligned_tiles(shared_raw);
   allow_successor();
-  // bf16 GEMM1 on the decode tile: the shared group's tiles (the first early_shared_tiles of
-  // the list) come first in the grid, every column of one, then of the next, and start at
-  // once: they read x and the weights, which the operator's first kernel already waited for,
-  // and write slots nothing reads before GEMM2, so they stream the shared expert's weights
-  // while the route and the sort run. The other CTAs keep the grid's order (row tiles
-  // fastest) and wait for the sort. Measured (ep=8, docs/KERNELS.md, twelfth session):
-  // deepseek-v3 T=1 -16.8%, llama4-scout -7.6%; on the medium tile +3 to +7% at T=256-1024.
+  // GEMM1 on the decode tile: the shared group's tiles (the first early_shared_tiles of the
+  // list) come first in the grid, every column of one, then of the next, and start at once:
+  // they read x (or its codes) and the weights, complete before the route started, and
+  // write slots (and arrival counters) nothing else touches before GEMM2, so they stream the
+  // shared expert's weights while the route and the sort run. The other CTAs keep the grid's
+  // order (row tiles fastest) and wait for the sort. Measured (ep=8, docs/KERNELS.md, twelfth
+  // session): deepseek-v3 bf16 T=1 -16.8%, llama4-scout -7.6%; on the medium tile +3 to +7%
+  // at T=256-1024.
   int tile = blockIdx.x, column_tile = blockIdx.y;
   bool early = false;
-  if constexpr (kGated && !kFp8 && Cfg::kRows == DecodeConfig::kRows) {
+  if constexpr (kGated && Cfg::kRows == DecodeConfig::kRows) {
     if (const int early_tiles = groups.early_shared_tiles; early_tiles > 0) {
       const int position = blockIdx.x + gridDim.x * blockIdx.y, early_ctas = early_tiles * gridDim.y;
       early = position < early_ctas;

@@ -118,9 +118,9 @@ struct GemmGroups {
   int64_t n_shared, k_shared;
   int local_experts;         // groups below this are local experts, the next one is shared
   int32_t shared_first_slot = 0, shared_rows = 0;  // the shared group's slots (sort_pairs: T k, T)
-  // GEMM1 on bf16: the first early_shared_tiles row tiles of the main list are the shared
-  // group's (sort_pairs puts them there), whose CTAs need nothing the route or the sort
-  // writes: grouped_gemm.cu's decode tile starts them first and without waiting for the sort.
+  // GEMM1: the first early_shared_tiles row tiles of the main list are the shared group's
+  // (sort_pairs puts them there), whose CTAs need nothing the route or the sort writes:
+  // grouped_gemm.cu's decode tile starts them first and without waiting for the sort.
   int early_shared_tiles = 0;
   uint16_t* c;               // [slots, c_stride]
   int64_t c_stride;
@@ -222,7 +222,12 @@ struct Fp8Quantize {
   const float* static_scale = nullptr;
   uint32_t* amax_bits = nullptr;
   RowGroups row_groups;
+  // Counters this launch zeroes, per group only (GEMM1's arrivals, where x's quantisation is
+  // the call's first kernel: moe_forward.cu, the early shared tiles on fp8).
+  int32_t* zero = nullptr;
+  int64_t zero_count = 0;
 };
-cudaError_t launch_quantize_fp8(const Fp8Quantize& quantize, cudaStream_t stream);
+// `start` applies to the first of its launches.
+cudaError_t launch_quantize_fp8(const Fp8Quantize& quantize, cudaStream_t stream, Start start = Start::kEarly);
 
 }  // namespace epmoe::cuda

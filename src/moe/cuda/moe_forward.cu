@@ -184,14 +184,17 @@ struct Fp8Input {
 // per the scheme; a static scale (fp8_tensor) when the checkpoint has one.
 Fp8Input quantize_input(const QuantSpec& quant, const uint16_t* values, int64_t rows, int64_t cols, int64_t stride,
                         uint8_t* codes, float* scales, const std::optional<Tensor>& static_scale,
-                        const cuda::RowGroups& row_groups, uint32_t* amax_bits, cudaStream_t stream) {
+                        const cuda::RowGroups& row_groups, uint32_t* amax_bits, cudaStream_t stream,
+                        cuda::Start start = cuda::Start::kEarly, int32_t* zero = nullptr, int64_t zero_count = 0) {
   cuda::Fp8Quantize q{values, codes, scales, rows, cols, stride, activation_granularity(quant.scheme)};
   q.group = quant.block_k;
   q.static_scale = static_scale ? static_scale->data_as<float>() : nullptr;
   q.amax_bits = amax_bits;
   q.row_groups = row_groups;
+  q.zero = zero;
+  q.zero_count = zero_count;
   const cuda::ScaleGrid grid = activation_grid(quant, scales, stride, q.static_scale, row_groups.offsets != nullptr);
-  const cudaError_t error = cuda::launch_quantize_fp8(q, stream);
+  const cudaError_t error = cuda::launch_quantize_fp8(q, stream, start);
   if (error != cudaSuccess)
     return {Status(StatusCode::kInternal, std::string("launch_quantize_fp8: ") + cudaGetErrorString(error)), codes, grid};
   return {Status{}, codes, grid};
@@ -250,6 +253,29 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   if (s.tokens == 0) return {};
 
   const bool shared = s.shared_intermediate > 0;
+  const bool fp8 = is_fp8(spec.quant.scheme);
+  const uint16_t* x = inputs.x.data_as<uint16_t>();
+  // GEMM1 starts the shared group's tiles before the sort where they share the main list
+  // (GemmGroups::early_shared_tiles). On fp8_block they read x's codes, so x is quantised
+  // first (the route, which waits for it before it lets the sort start, sits between it and
+  // GEMM1), and that launch zeroes GEMM1's arrival counters in the sort's place, before any
+  // early CTA arrives. Only the decode tile (16 rows) starts tiles early; elsewhere the x
+  // quantisation first cost 2.3% (deepseek-v3 fp8_block T=64, docs/KERNELS.md).
+  const bool shared_early =
+      shared && layout.tiles.shared_tile_rows == 0 && layout.tiles.tile_rows == 16 &&
+      (!fp8 || (spec.quant.scheme == QuantScheme::kFp8Block && inputs.router_logits.has_value()));
+  const bool quantize_x_first = fp8 && shared_early;
+  Fp8Input x_first{};
+  if (quantize_x_first) {
+    x_first = quantize_input(spec.quant, x, s.tokens, s.hidden, s.hidden,
+                             layout.separate_shared_input ? layout.shared_x_codes : layout.x_codes,
+                             layout.separate_shared_input ? layout.shared_x_scales : layout.x_scales,
+                             weights.input_scale, {}, layout.amax_bits, stream, cuda::Start::kAfterPredecessor,
+                             layout.pairs.arrivals, layout.pairs.arrival_count);
+    EPMOE_RETURN_IF_ERROR(x_first.status);
+  }
+  cuda::PairLayout sort_layout = layout.pairs;
+  if (quantize_x_first) sort_layout.arrival_count = 0;  // zeroed above
   const int32_t* topk_ids = layout.topk_ids;
   const float* topk_weights = layout.topk_weights;
   if (inputs.router_logits) {
@@ -257,7 +283,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
                                   inputs.router_logits->dtype == DType::kBF16,
                                   inputs.correction_bias ? inputs.correction_bias->data_as<float>() : nullptr,
                                   s.tokens, layout.topk_ids, layout.topk_weights, stream,
-                                  cuda::Start::kAfterPredecessor));
+                                  quantize_x_first ? cuda::Start::kEarly : cuda::Start::kAfterPredecessor));
   } else {
     topk_ids = inputs.topk_ids->data_as<int32_t>();
     topk_weights = inputs.topk_weights->data_as<float>();
@@ -265,9 +291,8 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   const int32_t* expert_map = inputs.expert_map ? inputs.expert_map->data_as<int32_t>() : nullptr;
   CUDA_CHECK(cuda::launch_sort_pairs(topk_ids, expert_map, s.tokens, static_cast<int>(s.top_k),
                                      static_cast<int>(s.num_experts), static_cast<int>(s.num_local_experts), shared,
-                                     layout.tiles, layout.pairs, stream,
+                                     layout.tiles, sort_layout, stream,
                                      inputs.router_logits ? cuda::Start::kEarly : cuda::Start::kAfterPredecessor));
-  const uint16_t* x = inputs.x.data_as<uint16_t>();
   const uint16_t* routed_input = x;
   if (spec.apply_router_weight_on_input) {
     CUDA_CHECK(cuda::launch_scale_rows(x, topk_weights, s.tokens, s.hidden, layout.x_scaled, stream));
@@ -275,7 +300,6 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   }
 
   const int64_t widest = std::max(s.intermediate, s.shared_intermediate);
-  const bool fp8 = is_fp8(spec.quant.scheme);
   // GEMM1 quantises its own output for GEMM2 where a scale covers at most 128 columns of a
   // row (fp8_block, or a static scale); per-token and dynamic per-tensor scales, which span
   // whole rows, keep the separate pass (EpilogueQuantize says why).
@@ -298,18 +322,24 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm1.local_experts = static_cast<int>(s.num_local_experts);
   gemm1.shared_first_slot = static_cast<int32_t>(s.tokens * s.top_k);
   gemm1.shared_rows = static_cast<int32_t>(s.tokens);
-  if (shared && !fp8 && layout.tiles.shared_tile_rows == 0)
+  if (shared_early)
     gemm1.early_shared_tiles = static_cast<int>((s.tokens + layout.tiles.tile_rows - 1) / layout.tiles.tile_rows);
   gemm1.c = layout.intermediate;
   gemm1.c_stride = widest;
   if (fp8) {
-    const Fp8Input routed = quantize_input(spec.quant, routed_input, s.tokens, s.hidden, s.hidden, layout.x_codes,
-                                           layout.x_scales, weights.input_scale, {}, layout.amax_bits, stream);
+    // x's codes serve the routed rows too unless those are x times the router weight.
+    const Fp8Input routed = quantize_x_first && !layout.separate_shared_input
+                                ? x_first
+                                : quantize_input(spec.quant, routed_input, s.tokens, s.hidden, s.hidden,
+                                                 layout.x_codes, layout.x_scales, weights.input_scale, {},
+                                                 layout.amax_bits, stream);
     EPMOE_RETURN_IF_ERROR(routed.status);
     Fp8Input shared_input = routed;
     if (layout.separate_shared_input) {  // the shared experts take x itself
-      shared_input = quantize_input(spec.quant, x, s.tokens, s.hidden, s.hidden, layout.shared_x_codes,
-                                    layout.shared_x_scales, weights.input_scale, {}, layout.amax_bits, stream);
+      shared_input = quantize_x_first ? x_first
+                                      : quantize_input(spec.quant, x, s.tokens, s.hidden, s.hidden,
+                                                       layout.shared_x_codes, layout.shared_x_scales,
+                                                       weights.input_scale, {}, layout.amax_bits, stream);
       EPMOE_RETURN_IF_ERROR(shared_input.status);
     }
     gemm1.fp8 = true;

@@ -67,6 +67,9 @@ constexpr int kGroupsPerWarp = 4;
 __global__ void quantize_groups_kernel(Fp8Quantize q) {
   allow_successor();
   wait_for_predecessor();
+  const int64_t block = blockIdx.x + int64_t{gridDim.x} * blockIdx.y;
+  for (int64_t i = block * kThreads + threadIdx.x; i < q.zero_count; i += int64_t{gridDim.x} * gridDim.y * kThreads)
+    q.zero[i] = 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x;
   const RowPlace place = place_of(q, row);
@@ -134,7 +137,8 @@ __global__ void tensor_codes_kernel(Fp8Quantize q) {
 
 }  // namespace
 
-cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream) {
+cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream, Start start) {
+  if (q.zero_count > 0 && q.granularity != Fp8Granularity::kPerGroup) return cudaErrorInvalidValue;
   if (q.rows == 0) return cudaSuccess;
   static const cudaError_t carveout =
       prefer_max_shared_memory(quantize_groups_kernel, quantize_rows_kernel, tensor_codes_kernel);
@@ -145,20 +149,21 @@ cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream) {
       const int64_t groups_per_row = (q.stride + q.group - 1) / q.group;
       constexpr int kGroupsPerBlock = kWarpsPerBlock * kGroupsPerWarp;
       const dim3 grid(rows, static_cast<unsigned>((groups_per_row + kGroupsPerBlock - 1) / kGroupsPerBlock));
-      return launch_chained(quantize_groups_kernel, grid, dim3(kThreads), 0, stream, q);
+      return launch_kernel(start, quantize_groups_kernel, grid, dim3(kThreads), 0, stream, q);
     }
     case Fp8Granularity::kPerRow:
-      return launch_chained(quantize_rows_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
+      return launch_kernel(start, quantize_rows_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
     case Fp8Granularity::kPerTensor:
       if (!q.static_scale) {
         const int groups = q.row_groups.offsets ? q.row_groups.count : 1;
         if (const cudaError_t e = cudaMemsetAsync(q.amax_bits, 0, groups * sizeof(uint32_t), stream); e != cudaSuccess)
           return e;
-        if (const cudaError_t e = launch_chained(quantize_rows_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
+        if (const cudaError_t e = launch_kernel(start, quantize_rows_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
             e != cudaSuccess)
           return e;
+        return launch_chained(tensor_codes_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
       }
-      return launch_chained(tensor_codes_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
+      return launch_kernel(start, tensor_codes_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
   }
   return cudaErrorInvalidValue;
 }

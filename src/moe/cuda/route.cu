@@ -90,8 +90,11 @@ template <int kPerLane>
 __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_bf16, const float* bias, int64_t tokens,
                              int32_t* topk_ids, float* topk_weights) {
   extern __shared__ float shared_scores[];
-  allow_successor();
+  // In this order, the sort (and GEMM1 after it) can start only once what precedes the route
+  // has finished: GEMM1's early shared tiles read the x codes of a quantisation launched
+  // before the route (moe_forward.cu) without waiting themselves.
   wait_for_predecessor();
+  allow_successor();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (t >= tokens) return;
