@@ -4,8 +4,8 @@
 // grouped_gemm_specialized.cu's. The tile format and wgmma helpers: gemm_tiles.cuh.
 //
 // Work: blockIdx.x = a row tile of PairLayout (one group = one expert, up to tile_rows
-// consecutive slots), blockIdx.y = a column tile (bf16 GEMM1 puts the shared group's tiles
-// first, GemmGroups::early_shared_tiles). Tiles past tile_count exit at once, so
+// consecutive slots), blockIdx.y = a column tile (GEMM1 on the decode tile puts the shared
+// group's tiles first, GemmGroups::early_shared_tiles). Tiles past tile_count exit at once, so
 // the grid is sized from an upper bound and the launch needs no host synchronisation.
 // Layout: A rows (activations, K-major) are gathered per slot through a_row_of_slot; B is
 // the expert's weight [N, K], K-major, so both operands are "K-contiguous" and a C tile is
@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   // write slots (and arrival counters) nothing else touches before GEMM2, so they stream the
   // shared expert's weights while the route and the sort run. The other CTAs keep the grid's
   // order (row tiles fastest) and wait for the sort. Measured (ep=8, docs/KERNELS.md, twelfth
-  // session): deepseek-v3 bf16 T=1 -16.8%, llama4-scout -7.6%; on the medium tile +3 to +7%
-  // at T=256-1024.
+  // session): deepseek-v3 T=1 bf16 -16.8%, fp8_block -17.6%, llama4-scout bf16 -8.4%; on the
+  // medium tile +3 to +7% at T=256-1024.
   int tile = blockIdx.x, column_tile = blockIdx.y;
   bool early = false;
   if constexpr (kGated && Cfg::kRows == DecodeConfig::kRows) {
