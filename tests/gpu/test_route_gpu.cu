@@ -38,9 +38,11 @@ TEST_P(GpuRoute, MatchesCpuRouterExactly) {
   Buffer logits(c.bf16_logits ? DType::kBF16 : DType::kF32, {kTokens, E});
   for (int64_t t = 0; t < kTokens; ++t)
     for (int64_t e = 0; e < E; ++e) {
-      // Eighths: exact in bf16, ties frequent; every 17th token gets a NaN or two.
+      // Eighths: exact in bf16, ties frequent; every 17th token gets a NaN or two, and every
+      // 13th has -0.0 beside +0.0 (equal scores: the lower index wins either way round).
       float value = static_cast<float>(grid(rng)) / 8.0f;
       if (t % 17 == 5 && (e == 3 || e == E - 1)) value = NAN;
+      if (t % 13 == 2 && e % 5 < 2) value = e % 2 ? -0.0f : 0.0f;
       if (c.bf16_logits)
         logits.data_as<uint16_t>()[t * E + e] = f32_to_bf16(value);
       else
@@ -124,6 +126,8 @@ INSTANTIATE_TEST_SUITE_P(
                       RouteCase{"grouped_v2_softmax", grouped(160, 6, ScoreFunc::kSoftmax, 8, 3, false, 16.0f), false,
                                 false},
                       RouteCase{"grouped_64_experts", grouped(64, 6, ScoreFunc::kSigmoid, 8, 3, true, 1.5f), true, false},
+                      RouteCase{"grouped_3_groups", grouped(96, 4, ScoreFunc::kSigmoid, 3, 2, true, 1.0f), true,
+                                false},
                       RouteCase{"grouped_32_experts", grouped(32, 4, ScoreFunc::kSoftmax, 4, 2, false, 1.0f), false,
                                 false},
                       RouteCase{"softmax_topk_1024_experts", routing(RoutingKind::kSoftmaxTopk, 1024, 32, true), false,
