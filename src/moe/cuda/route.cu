@@ -1,13 +1,13 @@
 // Routing: router logits -> top-k expert ids and weights, the four kinds of DESIGN.md.
 //
-// One warp per token. The token's E scores live in shared memory (f32); lane l handles
-// experts l, l + 32, ... Top-k takes k rounds of a warp-wide arg-max over the experts not
-// yet taken, ordered by (score descending, index ascending) so ties go to the lower index;
-// NaN scores order as -inf, as on the CPU. For the rounds each lane holds its experts'
-// values in registers and its own best among those not taken, so a round is one warp
-// arg-max and a rescan by the winning lane only (rescanning shared memory in every lane
-// each round made the kernel ~12 us at decode sizes). Grouped top-k first scores the groups
-// (lane g scores group g), keeps topk_group of them by the same arg-max, and masks the rest.
+// One warp per token; lane l holds experts l, l + 32, ... in registers (kPerLane of them).
+// Top-k takes k rounds of a warp-wide arg-max over the experts not yet taken, ordered by
+// (score descending, index ascending) so ties go to the lower index; NaN scores order as
+// -inf, as on the CPU. A score becomes an unsigned key that orders like the score, so a
+// round is two redux.sync (the highest key, then the lowest index holding it) and a rescan
+// of its own experts by the winning lane. Grouped top-k first scores the groups (each
+// group's experts split over a few lanes, their best two merged by shuffles), keeps
+// topk_group of them the same way, and orders the experts of the other groups as -inf.
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -20,71 +20,95 @@ namespace epmoe::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 4;
+constexpr unsigned kFullWarp = 0xffffffffu;
 
-struct Candidate {
-  float score;
-  int index;
-};
-
-__device__ bool better(Candidate a, Candidate b) {
-  return a.score > b.score || (a.score == b.score && a.index < b.index);
+// Keys: larger score, larger key. NaN orders as -inf, and -0.0 as +0.0 (they compare equal,
+// so the index decides). kNoCandidate is below every score's key (-inf's is 0x007fffff).
+constexpr unsigned kNoCandidate = 0;
+__device__ unsigned order_key(float score) {
+  if (isnan(score)) score = -INFINITY;
+  if (score == 0.0f) score = 0.0f;
+  const unsigned bits = __float_as_uint(score);
+  return bits >> 31 ? ~bits : bits | 0x80000000u;
 }
 
-__device__ float order_value(float score) { return isnan(score) ? -FLT_MAX * 2.0f : score; }  // NaN as -inf
-
-__device__ Candidate warp_best(Candidate c) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    Candidate other{__shfl_xor_sync(0xffffffffu, c.score, offset), __shfl_xor_sync(0xffffffffu, c.index, offset)};
-    if (better(other, c)) c = other;
-  }
-  return c;
+// The index of the warp's best candidate: the highest key, the lowest index among equal keys.
+__device__ int warp_best_index(unsigned key, int index) {
+  const unsigned best = __reduce_max_sync(kFullWarp, key);
+  return static_cast<int>(__reduce_min_sync(kFullWarp, key == best ? static_cast<unsigned>(index) : ~0u));
 }
 
 __device__ float warp_sum(float value) {
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(kFullWarp, value, offset);
   return value;
 }
 
 __device__ float warp_max(float value) {
-  for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(kFullWarp, value, offset));
   return value;
 }
 
-// A lane's best expert not yet taken among its kPerLane (lane + 32 i), with its score.
+__device__ float sigmoid(float value) { return 1.0f / (1.0f + expf(-value)); }
+
+// A lane's experts (lane + 32 i) as keys, kNoCandidate once taken or past E, and its best.
 template <int kPerLane>
 struct LaneExperts {
-  float order[kPerLane];  // what the top-k orders by (NaN as -inf)
-  float score[kPerLane];  // what the weight comes from
-  unsigned long long taken = 0;  // bit i: expert lane + 32 i taken (or past E)
-  Candidate best;
-  float best_score = 0.0f;
+  unsigned key[kPerLane];
+  unsigned best_key;
+  int best_index;
 
   __device__ void find_best(int lane) {
-    best = {-INFINITY, 0x7fffffff};
+    best_key = kNoCandidate;
+    best_index = lane;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const Candidate c{order[i], lane + 32 * i};
-      if (!(taken >> i & 1ull) && (best.index == 0x7fffffff || better(c, best))) {
-        best = c;
-        best_score = score[i];
-      }
-    }
+    for (int i = 0; i < kPerLane; ++i)
+      if (key[i] > best_key) best_key = key[i], best_index = lane + 32 * i;  // strict: the lower index wins ties
+  }
+  __device__ void take(int index, int lane) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (lane + 32 * i == index) key[i] = kNoCandidate;
+    find_best(lane);
   }
 };
 
-__device__ float softmax_in_place(float* values, int count, int lane) {
-  float local_max = -INFINITY;
-  for (int i = lane; i < count; i += 32) local_max = fmaxf(local_max, values[i]);
-  const float max_value = warp_max(local_max);
-  float local_sum = 0.0f;
-  for (int i = lane; i < count; i += 32) local_sum += (values[i] = expf(values[i] - max_value));
-  const float sum = warp_sum(local_sum);
-  for (int i = lane; i < count; i += 32) values[i] /= sum;
-  __syncwarp();
-  return sum;
+// Grouped top-k's group choice: which of the n_group groups (bit g) stay. A group scores its
+// best selection value (no bias) or the sum of its best two (bias), from `selection` in
+// shared memory; each group's experts are split over lanes_per_group lanes.
+__device__ unsigned kept_groups(const RoutingSpec& spec, const float* selection, bool bias, int lane) {
+  const int group_size = spec.num_experts / spec.n_group;
+  int lanes_per_group = 1;
+  while (lanes_per_group * 2 * spec.n_group <= 32) lanes_per_group *= 2;
+  const int group = lane / lanes_per_group, part = lane % lanes_per_group;
+  float first = -INFINITY, second = -INFINITY;
+  if (group < spec.n_group) {
+    for (int e = group * group_size + part; e < (group + 1) * group_size; e += lanes_per_group) {
+      const float v = selection[e];
+      if (v > first) {
+        second = first;
+        first = v;
+      } else if (v > second) {
+        second = v;
+      }
+    }
+  }
+  // The best two of the segment's lanes (aligned, so xor stays inside it).
+  for (int offset = lanes_per_group / 2; offset > 0; offset /= 2) {
+    const float other_first = __shfl_xor_sync(kFullWarp, first, offset);
+    const float other_second = __shfl_xor_sync(kFullWarp, second, offset);
+    second = fmaxf(fminf(first, other_first), fmaxf(second, other_second));
+    first = fmaxf(first, other_first);
+  }
+  const bool candidate = group < spec.n_group && part == 0;
+  unsigned key = candidate ? order_key(bias ? first + second : first) : kNoCandidate;
+  unsigned kept = 0;
+  for (int round = 0; round < spec.topk_group; ++round) {
+    const int winner = warp_best_index(key, group);
+    kept |= 1u << winner;
+    if (candidate && group == winner) key = kNoCandidate;
+  }
+  return kept;
 }
-
-__device__ float sigmoid(float value) { return 1.0f / (1.0f + expf(-value)); }
 
 template <int kPerLane>
 __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_bf16, const float* bias, int64_t tokens,
@@ -100,94 +124,69 @@ __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_b
   if (t >= tokens) return;
   const int E = spec.num_experts, k = spec.top_k;
   float* scores = shared_scores + warp * 2 * E;  // the weights' source
-  float* selection = scores + E;                 // what the top-k orders by
-  for (int e = lane; e < E; e += 32) {
-    const int64_t index = t * E + e;
-    scores[e] = logits_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(logits)[index])
-                            : static_cast<const float*>(logits)[index];
-  }
-  __syncwarp();
-  switch (spec.kind) {
-    case RoutingKind::kSoftmaxTopk:
-      softmax_in_place(scores, E, lane);
-      break;
-    case RoutingKind::kGroupedTopk:
-      if (spec.score_func == ScoreFunc::kSoftmax) {
-        softmax_in_place(scores, E, lane);
-      } else {
-        for (int e = lane; e < E; e += 32) scores[e] = sigmoid(scores[e]);
-      }
-      break;
-    default:
-      break;
-  }
-  for (int e = lane; e < E; e += 32) selection[e] = scores[e] + (bias ? bias[e] : 0.0f);
-  __syncwarp();
+  float* selection = scores + E;                 // what the top-k orders by (grouped top-k's group scores)
 
-  if (spec.kind == RoutingKind::kGroupedTopk) {
-    // Lane g scores group g: its best (no bias) or the sum of its best two (bias).
-    const int group_size = E / spec.n_group;
-    float group_score = -INFINITY;
-    if (lane < spec.n_group) {
-      float first = -INFINITY, second = -INFINITY;
-      for (int e = lane * group_size; e < (lane + 1) * group_size; ++e) {
-        const float v = selection[e];
-        if (v > first) {
-          second = first;
-          first = v;
-        } else if (v > second) {
-          second = v;
-        }
-      }
-      group_score = bias ? first + second : first;
-    }
-    // Keep topk_group groups; lane g learns whether its group stays.
-    bool kept = false;
-    unsigned long long taken = 0;
-    for (int round = 0; round < spec.topk_group; ++round) {
-      Candidate mine{lane < spec.n_group && !(taken & 1ull) ? order_value(group_score) : -INFINITY,
-                     lane < spec.n_group && !(taken & 1ull) ? lane : 0x7fffffff};
-      const Candidate best = warp_best(mine);
-      if (best.index == lane) {
-        kept = true;
-        taken = 1;
-      }
-    }
-    const unsigned kept_groups = __ballot_sync(0xffffffffu, kept);
-    for (int e = lane; e < E; e += 32)
-      if (!(kept_groups >> (e / group_size) & 1u)) selection[e] = -INFINITY;
-    __syncwarp();
+  float score[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    const int64_t index = t * E + e;
+    score[i] = e >= E          ? -INFINITY
+               : logits_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(logits)[index])
+                             : static_cast<const float*>(logits)[index];
   }
+  const bool softmax = spec.kind == RoutingKind::kSoftmaxTopk ||
+                       (spec.kind == RoutingKind::kGroupedTopk && spec.score_func == ScoreFunc::kSoftmax);
+  if (softmax) {
+    float local_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) local_max = fmaxf(local_max, score[i]);
+    const float max_value = warp_max(local_max);
+    float local_sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (lane + 32 * i < E) local_sum += (score[i] = expf(score[i] - max_value));
+    const float sum = warp_sum(local_sum);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) score[i] /= sum;
+  } else if (spec.kind == RoutingKind::kGroupedTopk) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) score[i] = sigmoid(score[i]);
+  }
+  float order[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    order[i] = e < E && bias ? score[i] + bias[e] : score[i];
+    if (e < E) {
+      scores[e] = score[i];
+      selection[e] = order[i];
+    }
+  }
+  __syncwarp();
+  const unsigned kept = spec.kind == RoutingKind::kGroupedTopk ? kept_groups(spec, selection, bias, lane) : ~0u;
+  const int group_size = spec.kind == RoutingKind::kGroupedTopk ? E / spec.n_group : E;
 
   // k rounds of arg-max; lane j keeps the j-th choice.
   LaneExperts<kPerLane> experts;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
-    experts.order[i] = e < E ? order_value(selection[e]) : -INFINITY;
-    experts.score[i] = e < E ? scores[e] : 0.0f;
-    if (e >= E) experts.taken |= 1ull << i;
+    experts.key[i] = e >= E ? kNoCandidate : order_key(kept >> (e / group_size) & 1u ? order[i] : -INFINITY);
   }
   experts.find_best(lane);
   int my_id = 0;
-  float my_weight = 0.0f, top_logit = 0.0f;
   for (int j = 0; j < k; ++j) {
-    const Candidate best = warp_best(experts.best);
-    const float score = __shfl_sync(0xffffffffu, experts.best_score, best.index % 32);
-    if (best.index % 32 == lane) {
-      experts.taken |= 1ull << (best.index / 32);
-      experts.find_best(lane);
-    }
-    if (j == 0) top_logit = score;
-    float weight = score;
-    if (spec.kind == RoutingKind::kSigmoidTopk) weight = sigmoid(score);
-    if (spec.kind == RoutingKind::kTopkSoftmax) weight = expf(score - top_logit);
-    if (lane == j) {
-      my_id = best.index;
-      my_weight = weight;
-    }
+    const int winner = warp_best_index(experts.best_key, experts.best_index);
+    if (winner % 32 == lane) experts.take(winner, lane);
+    if (lane == j) my_id = winner;
   }
-  float total = warp_sum(lane < k ? my_weight : 0.0f);
+  const float my_score = lane < k ? scores[my_id] : 0.0f;
+  const float top_score = __shfl_sync(kFullWarp, my_score, 0);
+  float my_weight = my_score;
+  if (spec.kind == RoutingKind::kSigmoidTopk) my_weight = sigmoid(my_score);
+  if (spec.kind == RoutingKind::kTopkSoftmax) my_weight = expf(my_score - top_score);
+  const float total = warp_sum(lane < k ? my_weight : 0.0f);
   if (spec.kind == RoutingKind::kTopkSoftmax || spec.renormalize) my_weight /= total;
   if (spec.kind == RoutingKind::kGroupedTopk) my_weight *= spec.routed_scaling_factor;
   if (lane < k) {
