@@ -329,7 +329,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   if constexpr (kPerKTile)
     if (k_tiles > 0) load_scales(first_k_tile, a_next, b_next);
   if constexpr (Cfg::kInstruction == Instruction::kMmaSync) {
+    // Warp w takes k16 step w of every stage over all the tile's columns: kTileMmaN
+    // independent mma a stage, where a warp over its own 16 columns would chain its two
+    // sums through all kStepsPerStage steps; the decode K loop is bound by that chain, not
+    // by its bytes. The warps' sums are added once after the loop (in a fixed order).
     static_assert(!kFp8, "e4m3 decode tiles use the swapped wgmma: bf16 sums go straight into acc");
+    static_assert(Cfg::kMmaM == 1 && Cfg::kWarpsN == kStepsPerStage, "one warp per k16 step of a stage");
+    constexpr int kTileMmaN = Cfg::kCols / 8;
+    float partial[kTileMmaN][4] = {};
     for (int kt = 0; kt < k_tiles; ++kt) {
       asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
       __syncthreads();
@@ -339,28 +346,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
 
       const uint8_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageBytes;
       const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
+      uint32_t a_frag[4];
+      ldmatrix_x4(a_frag, a_tile + swizzled(lane % 16, warp * 2 + lane / 16));
 #pragma unroll
-      for (int kk = 0; kk < kStepsPerStage; ++kk) {
-        uint32_t a_frag[Cfg::kMmaM][4];
-#pragma unroll
-        for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
-          const int row = warp_row + mi * 16 + lane % 16;
-          ldmatrix_x4(a_frag[mi], a_tile + swizzled(row, kk * 2 + lane / 16));
-        }
-#pragma unroll
-        for (int np = 0; np < Cfg::kMmaN / 2; ++np) {
-          uint32_t b_frag[4];
-          const int row = warp_col + np * 16 + lane % 8 + (lane / 16) * 8;
-          ldmatrix_x4(b_frag, b_tile + swizzled(row, kk * 2 + (lane / 8) % 2));
-#pragma unroll
-          for (int mi = 0; mi < Cfg::kMmaM; ++mi) {
-            mma_bf16(acc[mi][2 * np], a_frag[mi], b_frag[0], b_frag[1]);
-            mma_bf16(acc[mi][2 * np + 1], a_frag[mi], b_frag[2], b_frag[3]);
-          }
-        }
+      for (int np = 0; np < kTileMmaN / 2; ++np) {
+        uint32_t b_frag[4];
+        ldmatrix_x4(b_frag, b_tile + swizzled(np * 16 + lane % 8 + (lane / 16) * 8, warp * 2 + (lane / 8) % 2));
+        mma_bf16(partial[2 * np], a_frag, b_frag[0], b_frag[1]);
+        mma_bf16(partial[2 * np + 1], a_frag, b_frag[2], b_frag[3]);
       }
     }
     asm volatile("cp.async.wait_group 0;\n");
+    __syncthreads();  // the ring is free: it carries the warps' sums, [warp][n8 tile][lane][4]
+    auto* exchange = reinterpret_cast<float4*>(shared_tiles);
+#pragma unroll
+    for (int ni = 0; ni < kTileMmaN; ++ni)
+      exchange[(warp * kTileMmaN + ni) * 32 + lane] =
+          make_float4(partial[ni][0], partial[ni][1], partial[ni][2], partial[ni][3]);
+    __syncthreads();
+#pragma unroll
+    for (int ni = 0; ni < Cfg::kMmaN; ++ni) {  // this warp's columns for the epilogue
+#pragma unroll
+      for (int from = 0; from < Cfg::kWarpsN; ++from) {
+        const float4 sum = exchange[(from * kTileMmaN + warp_col / 8 + ni) * 32 + lane];
+        acc[0][ni][0] += sum.x, acc[0][ni][1] += sum.y, acc[0][ni][2] += sum.z, acc[0][ni][3] += sum.w;
+      }
+    }
   } else {
     // Warpgroup g multiplies rows 64g..64g+63 of the A tile by the whole B tile. bf16: one
     // wgmma group stays in flight while the next stage lands; fp8: the stage's sums are
