@@ -22,7 +22,6 @@
 // groups' slots and the unused ones) and, in the main list, its first ceil(T / tile_rows)
 // tiles, so GEMM1 can start them before this kernel ends (grouped_gemm.cu).
 #include <algorithm>
-#include <cub/block/block_scan.cuh>
 #include <limits>
 
 #include "launch.cuh"
@@ -35,9 +34,6 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kBatch = kPairsPerSortBlock / kThreads;  // pairs a thread loads before it visits any
 static_assert(kBatch * kThreads == kPairsPerSortBlock);
-// Groups a thread takes in the scan of phase 2 (all local experts and the shared group).
-constexpr int kGroupsPerThread = (kMaxRoutedExperts + 1 + kThreads - 1) / kThreads;
-using GroupScan = cub::BlockScan<uint64_t, kThreads>;
 
 struct SortArgs {
   const int32_t* topk_ids;
@@ -88,11 +84,11 @@ __device__ ThreadPairs count_block_pairs(const SortArgs& a, const int32_t* map, 
   return mine;
 }
 
-// Phases 2 and 3. `totals` holds each group's pairs (the shared group's is set here) and
+// Phases 2 and 3. `totals` holds each routed group's pairs (the shared group takes T) and
 // `before` each group's pairs in earlier blocks, in shared memory, as is `scratch` (3 x
 // groups). Block 0 writes the counts, offsets and tile lists.
 __device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, const int32_t* totals,
-                                   const int32_t* before, int32_t* scratch, GroupScan::TempStorage* scan_storage) {
+                                   const int32_t* before, int32_t* scratch) {
   const PairLayout& layout = a.layout;
   const TilePlan& plan = a.plan;
   int32_t* base = scratch;  // the first slot of each group, then of this block's pairs of it
@@ -102,47 +98,55 @@ __device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, c
   const bool writes_schedule = blockIdx.x == 0;
   auto apart = [&](int g) { return shared_apart && g == a.shared_group; };  // on the shared group's own list
   auto tile_rows_of = [&](int g) { return apart(g) ? plan.shared_tile_rows : plan.tile_rows; };
-  // Each group's first slot and first row tile: a block-wide exclusive scan over the routed
-  // groups of (pairs << 32 | row tiles). The shared group's slots follow all routed pairs;
-  // its tiles lead the main list or fill a list of their own.
-  const bool shared_in_main = a.shared_group >= 0 && !shared_apart;
-  const int32_t main_first =
-      shared_in_main ? static_cast<int32_t>((a.tokens + plan.tile_rows - 1) / plan.tile_rows) : 0;
-  uint64_t packed[kGroupsPerThread];
-#pragma unroll
-  for (int i = 0; i < kGroupsPerThread; ++i) {
-    const int g = threadIdx.x * kGroupsPerThread + i;
-    const bool routed = g < a.groups && g != a.shared_group;
-    const int32_t count = routed ? totals[g] : 0;
-    packed[i] = routed ? uint64_t(count) << 32 | uint32_t((count + plan.tile_rows - 1) / plan.tile_rows) : 0;
-  }
-  uint64_t all_routed;
-  GroupScan(*scan_storage).ExclusiveSum(packed, packed, all_routed);
-#pragma unroll
-  for (int i = 0; i < kGroupsPerThread; ++i) {
-    const int g = threadIdx.x * kGroupsPerThread + i;
-    if (g >= a.groups) break;
-    const bool shared = g == a.shared_group;
-    const int32_t count = shared ? static_cast<int32_t>(a.tokens) : totals[g];
-    const int32_t first = apart(g) ? static_cast<int32_t>(plan.max_tiles)
-                          : shared ? 0
-                                   : main_first + static_cast<int32_t>(packed[i] & 0xffffffffu);
-    const int32_t capacity = static_cast<int32_t>(apart(g) ? plan.max_tiles + plan.shared_tiles : plan.max_tiles);
-    tile_first[g] = first;
-    tile_end[g] = min(first + (count + tile_rows_of(g) - 1) / tile_rows_of(g), capacity);  // the plan's bounds make min a no-op
-    base[g] = shared ? static_cast<int32_t>(a.pairs) : static_cast<int32_t>(packed[i] >> 32);
-    if (writes_schedule) layout.group_counts[g] = count, layout.group_offsets[g] = base[g];
-  }
-  if (writes_schedule && threadIdx.x == 0) {
-    const auto routed_slots = static_cast<int32_t>(all_routed >> 32);
-    layout.group_offsets[a.groups] = a.shared_group >= 0 ? static_cast<int32_t>(a.pairs + a.tokens) : routed_slots;
-    layout.tile_count[0] =
-        min(main_first + static_cast<int32_t>(all_routed & 0xffffffffu), static_cast<int32_t>(plan.max_tiles));
-    layout.tile_count[1] =
-        shared_apart
-            ? min(static_cast<int32_t>((a.tokens + plan.shared_tile_rows - 1) / plan.shared_tile_rows),
-                  static_cast<int32_t>(plan.shared_tiles))
-            : 0;
+  // Each group's first slot and first row tile, by warp 0: lane l takes a run of
+  // ceil(groups / 32) consecutive groups and sums its routed groups' (pairs << 32 | row
+  // tiles); a warp scan of the runs' sums gives each run its start. (Thread 0 walking all
+  // groups took ~5 us at ep=1.) The shared group's slots follow all routed pairs; its tiles
+  // lead the main list or fill a list of their own.
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, per_lane = (a.groups + 31) / 32;
+    const int first_group = min(lane * per_lane, a.groups), end_group = min(first_group + per_lane, a.groups);
+    auto packed = [&](int g) -> uint64_t {
+      if (g == a.shared_group) return 0;
+      const int32_t count = totals[g];
+      return uint64_t(count) << 32 | uint32_t((count + plan.tile_rows - 1) / plan.tile_rows);
+    };
+    uint64_t run = 0;
+    for (int g = first_group; g < end_group; ++g) run += packed(g);
+    uint64_t prefix = run;  // inclusive over the runs, then exclusive
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const uint64_t earlier = __shfl_up_sync(0xffffffffu, prefix, offset);
+      if (lane >= offset) prefix += earlier;
+    }
+    const uint64_t all_routed = __shfl_sync(0xffffffffu, prefix, 31);
+    prefix -= run;
+    const bool shared_in_main = a.shared_group >= 0 && !shared_apart;
+    const int32_t main_first =
+        shared_in_main ? static_cast<int32_t>((a.tokens + plan.tile_rows - 1) / plan.tile_rows) : 0;
+    for (int g = first_group; g < end_group; ++g) {
+      const bool shared = g == a.shared_group;
+      const int32_t count = shared ? static_cast<int32_t>(a.tokens) : totals[g];
+      const int32_t first = apart(g) ? static_cast<int32_t>(plan.max_tiles)
+                            : shared ? 0
+                                     : main_first + static_cast<int32_t>(prefix & 0xffffffffu);
+      const int32_t capacity = static_cast<int32_t>(apart(g) ? plan.max_tiles + plan.shared_tiles : plan.max_tiles);
+      tile_first[g] = first;
+      // (The plan's bounds make min a no-op.)
+      tile_end[g] = min(first + (count + tile_rows_of(g) - 1) / tile_rows_of(g), capacity);
+      base[g] = shared ? static_cast<int32_t>(a.pairs) : static_cast<int32_t>(prefix >> 32);
+      if (writes_schedule) layout.group_counts[g] = count, layout.group_offsets[g] = base[g];
+      prefix += packed(g);
+    }
+    if (writes_schedule && lane == 0) {
+      const auto routed_slots = static_cast<int32_t>(all_routed >> 32);
+      layout.group_offsets[a.groups] = a.shared_group >= 0 ? static_cast<int32_t>(a.pairs + a.tokens) : routed_slots;
+      layout.tile_count[0] =
+          min(main_first + static_cast<int32_t>(all_routed & 0xffffffffu), static_cast<int32_t>(plan.max_tiles));
+      layout.tile_count[1] =
+          shared_apart ? min(static_cast<int32_t>((a.tokens + plan.shared_tile_rows - 1) / plan.shared_tile_rows),
+                             static_cast<int32_t>(plan.shared_tiles))
+                       : 0;
+    }
   }
   __syncthreads();
   if (writes_schedule)
@@ -203,7 +207,6 @@ __global__ void __launch_bounds__(kThreads, 1) count_pairs_kernel(SortArgs a) {
 __global__ void __launch_bounds__(kThreads, 1) sort_pairs_kernel(SortArgs a) {
   // totals, before, schedule_and_place's scratch: [groups] each, then the expert map
   extern __shared__ int32_t memory[];
-  __shared__ GroupScan::TempStorage scan_storage;
   int32_t* totals = memory;
   int32_t* before = memory + a.groups;
   const int32_t* map = start(memory, 2 * a.groups, a, memory + 5 * a.groups);
@@ -222,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1) sort_pairs_kernel(SortArgs a) {
       }
   }
   __syncthreads();
-  schedule_and_place(a, mine, totals, before, memory + 2 * a.groups, &scan_storage);
+  schedule_and_place(a, mine, totals, before, memory + 2 * a.groups);
 }
 
 }  // namespace
