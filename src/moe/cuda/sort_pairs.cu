@@ -45,6 +45,7 @@ struct SortArgs {
   PairLayout layout;
 };
 
+// `expert_map`: the block's copy in shared memory (start()), or null for the identity.
 __device__ int local_group(int32_t id, const int32_t* expert_map, int num_experts) {
   if (id < 0 || id >= num_experts) return -1;
   return expert_map ? expert_map[id] : id;
@@ -60,34 +61,34 @@ struct ThreadPairs {
 
 __device__ int64_t pair_index(int i) { return int64_t{blockIdx.x} * kPairsPerSortBlock + threadIdx.x + i * kThreads; }
 
-// The groups of this thread's pairs. All ids are loaded before any map entry: the loads'
-// latency, not bandwidth, bounds a block.
-__device__ void load_groups(const SortArgs& a, ThreadPairs& mine) {
+// The groups of this thread's pairs, through the block's copy of the expert map. All ids
+// are loaded before any is mapped: the loads' latency, not bandwidth, bounds a block.
+__device__ void load_groups(const SortArgs& a, const int32_t* map, ThreadPairs& mine) {
   int32_t ids[kBatch];
 #pragma unroll
   for (int i = 0; i < kBatch; ++i) ids[i] = pair_index(i) < a.pairs ? a.topk_ids[pair_index(i)] : -1;
 #pragma unroll
-  for (int i = 0; i < kBatch; ++i) mine.group[i] = local_group(ids[i], a.expert_map, a.num_experts);
+  for (int i = 0; i < kBatch; ++i) mine.group[i] = local_group(ids[i], map, a.num_experts);
 }
 
 // Phase 1 for this block's pairs into `counts` (zeroed shared memory), after the
 // predecessor; the grid also zeroes the arrival counters.
-__device__ ThreadPairs count_block_pairs(const SortArgs& a, int32_t* counts) {
+__device__ ThreadPairs count_block_pairs(const SortArgs& a, const int32_t* map, int32_t* counts) {
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < a.layout.arrival_count;
        i += int64_t{gridDim.x} * kThreads)
     a.layout.arrivals[i] = 0;  // after the wait: the previous call's GEMM1 has finished with them
   ThreadPairs mine;
-  load_groups(a, mine);
+  load_groups(a, map, mine);
 #pragma unroll
   for (int i = 0; i < kBatch; ++i) mine.rank[i] = mine.group[i] >= 0 ? atomicAdd(&counts[mine.group[i]], 1) : -1;
   return mine;
 }
 
-// Phases 2 and 3. `totals` holds each group's pairs (the shared group's is set here) and
+// Phases 2 and 3. `totals` holds each routed group's pairs (the shared group takes T) and
 // `before` each group's pairs in earlier blocks, in shared memory, as is `scratch` (3 x
 // groups). Block 0 writes the counts, offsets and tile lists.
-__device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, int32_t* totals, const int32_t* before,
-                                   int32_t* scratch) {
+__device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, const int32_t* totals,
+                                   const int32_t* before, int32_t* scratch) {
   const PairLayout& layout = a.layout;
   const TilePlan& plan = a.plan;
   int32_t* base = scratch;  // the first slot of each group, then of this block's pairs of it
@@ -97,28 +98,54 @@ __device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, i
   const bool writes_schedule = blockIdx.x == 0;
   auto apart = [&](int g) { return shared_apart && g == a.shared_group; };  // on the shared group's own list
   auto tile_rows_of = [&](int g) { return apart(g) ? plan.shared_tile_rows : plan.tile_rows; };
-  if (threadIdx.x == 0) {
-    const bool shared_in_main = a.shared_group >= 0 && !shared_apart;
-    if (a.shared_group >= 0) totals[a.shared_group] = static_cast<int32_t>(a.tokens);
-    int32_t slot = 0, tile = shared_in_main ? static_cast<int32_t>((a.tokens + plan.tile_rows - 1) / plan.tile_rows) : 0;
-    for (int g = 0; g < a.groups; ++g) {
-      const bool shared = g == a.shared_group;
+  // Each group's first slot and first row tile, by warp 0: lane l takes a run of
+  // ceil(groups / 32) consecutive groups and sums its routed groups' (pairs << 32 | row
+  // tiles); a warp scan of the runs' sums gives each run its start. (Thread 0 walking all
+  // groups took ~5 us at ep=1.) The shared group's slots follow all routed pairs; its tiles
+  // lead the main list or fill a list of their own.
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, per_lane = (a.groups + 31) / 32;
+    const int first_group = min(lane * per_lane, a.groups), end_group = min(first_group + per_lane, a.groups);
+    auto packed = [&](int g) -> uint64_t {
+      if (g == a.shared_group) return 0;
       const int32_t count = totals[g];
-      const int rows = tile_rows_of(g);
-      const int32_t first = apart(g) ? static_cast<int32_t>(plan.max_tiles) : shared ? 0 : tile;
-      const int32_t capacity = apart(g) ? static_cast<int32_t>(plan.max_tiles + plan.shared_tiles)
-                                        : static_cast<int32_t>(plan.max_tiles);
-      tile_first[g] = first;
-      tile_end[g] = min(first + (count + rows - 1) / rows, capacity);  // the plan's bounds make min a no-op
-      if (!shared) tile = tile_end[g];
-      base[g] = shared ? static_cast<int32_t>(a.pairs) : slot;
-      if (writes_schedule) layout.group_counts[g] = count, layout.group_offsets[g] = base[g];
-      if (!shared) slot += count;
+      return uint64_t(count) << 32 | uint32_t((count + plan.tile_rows - 1) / plan.tile_rows);
+    };
+    uint64_t run = 0;
+    for (int g = first_group; g < end_group; ++g) run += packed(g);
+    uint64_t prefix = run;  // inclusive over the runs, then exclusive
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const uint64_t earlier = __shfl_up_sync(0xffffffffu, prefix, offset);
+      if (lane >= offset) prefix += earlier;
     }
-    if (writes_schedule) {
-      layout.group_offsets[a.groups] = a.shared_group >= 0 ? static_cast<int32_t>(a.pairs + a.tokens) : slot;
-      layout.tile_count[0] = tile;
-      layout.tile_count[1] = shared_apart ? tile_end[a.shared_group] - tile_first[a.shared_group] : 0;
+    const uint64_t all_routed = __shfl_sync(0xffffffffu, prefix, 31);
+    prefix -= run;
+    const bool shared_in_main = a.shared_group >= 0 && !shared_apart;
+    const int32_t main_first =
+        shared_in_main ? static_cast<int32_t>((a.tokens + plan.tile_rows - 1) / plan.tile_rows) : 0;
+    for (int g = first_group; g < end_group; ++g) {
+      const bool shared = g == a.shared_group;
+      const int32_t count = shared ? static_cast<int32_t>(a.tokens) : totals[g];
+      const int32_t first = apart(g) ? static_cast<int32_t>(plan.max_tiles)
+                            : shared ? 0
+                                     : main_first + static_cast<int32_t>(prefix & 0xffffffffu);
+      const int32_t capacity = static_cast<int32_t>(apart(g) ? plan.max_tiles + plan.shared_tiles : plan.max_tiles);
+      tile_first[g] = first;
+      // (The plan's bounds make min a no-op.)
+      tile_end[g] = min(first + (count + tile_rows_of(g) - 1) / tile_rows_of(g), capacity);
+      base[g] = shared ? static_cast<int32_t>(a.pairs) : static_cast<int32_t>(prefix >> 32);
+      if (writes_schedule) layout.group_counts[g] = count, layout.group_offsets[g] = base[g];
+      prefix += packed(g);
+    }
+    if (writes_schedule && lane == 0) {
+      const auto routed_slots = static_cast<int32_t>(all_routed >> 32);
+      layout.group_offsets[a.groups] = a.shared_group >= 0 ? static_cast<int32_t>(a.pairs + a.tokens) : routed_slots;
+      layout.tile_count[0] =
+          min(main_first + static_cast<int32_t>(all_routed & 0xffffffffu), static_cast<int32_t>(plan.max_tiles));
+      layout.tile_count[1] =
+          shared_apart ? min(static_cast<int32_t>((a.tokens + plan.shared_tile_rows - 1) / plan.shared_tile_rows),
+                             static_cast<int32_t>(plan.shared_tiles))
+                       : 0;
     }
   }
   __syncthreads();
@@ -150,19 +177,25 @@ __device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, i
   }
 }
 
-// Zeroes `count` ints of shared memory, then waits for the predecessor.
-__device__ void start(int32_t* shared, int count) {
+// Zeroes `count` ints of shared memory and copies the expert map into `map` (returned; null
+// for the identity), then waits for the predecessor. The map is the operator's input, complete
+// before its first kernel started (which waited for everything before the call): read before
+// the wait, it takes a dependent global load off each pair's way to its group.
+__device__ const int32_t* start(int32_t* shared, int count, const SortArgs& a, int32_t* map) {
   allow_successor();
   for (int i = threadIdx.x; i < count; i += kThreads) shared[i] = 0;
+  if (a.expert_map)
+    for (int e = threadIdx.x; e < a.num_experts; e += kThreads) map[e] = a.expert_map[e];
   __syncthreads();
   wait_for_predecessor();
+  return a.expert_map ? map : nullptr;
 }
 
 // Phase 1 on several blocks: block b's counts to block_counts[b, groups].
 __global__ void __launch_bounds__(kThreads, 1) count_pairs_kernel(SortArgs a) {
-  extern __shared__ int32_t counts[];  // [groups]
-  start(counts, a.groups);
-  const ThreadPairs mine = count_block_pairs(a, counts);
+  extern __shared__ int32_t counts[];  // [groups], then the expert map [num_experts]
+  const int32_t* map = start(counts, a.groups, a, counts + a.groups);
+  const ThreadPairs mine = count_block_pairs(a, map, counts);
 #pragma unroll
   for (int i = 0; i < kBatch; ++i)  // the ranks wait in slot_of_pair for sort_pairs_kernel
     if (pair_index(i) < a.pairs) a.layout.slot_of_pair[pair_index(i)] = mine.rank[i];
@@ -172,17 +205,18 @@ __global__ void __launch_bounds__(kThreads, 1) count_pairs_kernel(SortArgs a) {
 
 // Phases 2 and 3 (and phase 1, on one block: block_counts null).
 __global__ void __launch_bounds__(kThreads, 1) sort_pairs_kernel(SortArgs a) {
-  extern __shared__ int32_t memory[];  // totals, before, then schedule_and_place's scratch: [groups] each
+  // totals, before, schedule_and_place's scratch: [groups] each, then the expert map
+  extern __shared__ int32_t memory[];
   int32_t* totals = memory;
   int32_t* before = memory + a.groups;
-  start(memory, 2 * a.groups);
+  const int32_t* map = start(memory, 2 * a.groups, a, memory + 5 * a.groups);
   ThreadPairs mine;
   if (a.layout.block_counts == nullptr) {
-    mine = count_block_pairs(a, totals);
+    mine = count_block_pairs(a, map, totals);
   } else {
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) mine.rank[i] = pair_index(i) < a.pairs ? a.layout.slot_of_pair[pair_index(i)] : -1;
-    load_groups(a, mine);
+    load_groups(a, map, mine);
     for (int g = threadIdx.x; g < a.groups; g += kThreads)
       for (int b = 0; b < static_cast<int>(gridDim.x); ++b) {
         const int32_t count = a.layout.block_counts[b * a.groups + g];
@@ -195,7 +229,6 @@ __global__ void __launch_bounds__(kThreads, 1) sort_pairs_kernel(SortArgs a) {
 }
 
 }  // namespace
-
 int64_t max_row_tiles(int64_t slots, int64_t groups, int tile_rows) {
   // Every tile holds at least one slot, and at most one tile per group is partial.
   return std::max<int64_t>(1, std::min(slots, slots / tile_rows + groups));
@@ -223,16 +256,17 @@ cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map
   const int64_t blocks = sort_blocks(args.pairs);
   if (blocks > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;
   const size_t group_bytes = static_cast<size_t>(groups) * sizeof(int32_t);
+  const size_t map_bytes = expert_map ? static_cast<size_t>(num_experts) * sizeof(int32_t) : 0;
   if (blocks == 1) {
     args.layout.block_counts = nullptr;
-    return launch_kernel(start, sort_pairs_kernel, dim3(1), dim3(kThreads), 5 * group_bytes, stream, args);
+    return launch_kernel(start, sort_pairs_kernel, dim3(1), dim3(kThreads), 5 * group_bytes + map_bytes, stream, args);
   }
   if (layout.block_counts == nullptr) return cudaErrorInvalidValue;  // the workspace holds them (sort_blocks)
   const dim3 grid(static_cast<unsigned>(blocks));
-  if (const cudaError_t e = launch_kernel(start, count_pairs_kernel, grid, dim3(kThreads), group_bytes, stream, args);
+  if (const cudaError_t e = launch_kernel(start, count_pairs_kernel, grid, dim3(kThreads), group_bytes + map_bytes, stream, args);
       e != cudaSuccess)
     return e;
-  return launch_chained(sort_pairs_kernel, grid, dim3(kThreads), 5 * group_bytes, stream, args);
+  return launch_chained(sort_pairs_kernel, grid, dim3(kThreads), 5 * group_bytes + map_bytes, stream, args);
 }
 
 }  // namespace epmoe::cuda
