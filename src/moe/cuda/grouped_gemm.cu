@@ -81,10 +81,10 @@ struct Config {
 // (about 2 us of memory latency at T=1). T=1, ep=8: deepseek-v3 -9.1%, the other presets
 // -0.4 to -2.3%; e4m3 on 16 stages lost 11% on deepseek-v3 (docs/KERNELS.md, ninth session).
 // choose_decode_stages picks the depth.
-using DecodeConfig = Config<Instruction::kMmaSync, 16, 64, 8, 1, 4>;
-using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, 16, 64, 6, 1, 4>;
-using DecodeFp8ShallowConfig = Config<Instruction::kWgmmaSwapped, 16, 64, 4, 1, 4>;
-using DecodeDeepConfig = Config<Instruction::kMmaSync, 16, 64, 16, 1, 4>;
+using DecodeConfig = Config<Instruction::kMmaSync, kDecodeTileRows, 64, 8, 1, 4>;
+using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, kDecodeTileRows, 64, 6, 1, 4>;
+using DecodeFp8ShallowConfig = Config<Instruction::kWgmmaSwapped, kDecodeTileRows, 64, 4, 1, 4>;
+using DecodeDeepConfig = Config<Instruction::kMmaSync, kDecodeTileRows, 64, 16, 1, 4>;
 // CTAs of a config an SM holds: its 228 KiB of shared memory, 1 KiB of each CTA's reserved.
 template <typename Cfg>
 constexpr int64_t ctas_per_multiprocessor() {

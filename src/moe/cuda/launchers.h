@@ -156,6 +156,8 @@ int choose_decode_stages(bool fp8, int64_t likely_ctas);
 int multiprocessor_count();
 // The tile height launch_grouped_gemm works best with for groups of this many rows.
 int choose_tile_rows(int64_t rows_per_group);
+// The decode tile's height: the one tile whose GEMM1 starts the shared group's tiles early.
+inline constexpr int kDecodeTileRows = 16;
 // How many ways GEMM2 splits K: where its CTAs (expected_row_tiles x the column tiles of
 // n) fill less than one wave of the CTAs the SMs hold at once (few experts, few tiles, at
 // any tile height), as many as keep it within that wave; each split keeps at least four

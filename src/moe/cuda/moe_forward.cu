@@ -262,7 +262,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   // early CTA arrives. Only the decode tile (16 rows) starts tiles early; elsewhere the x
   // quantisation first cost 2.3% (deepseek-v3 fp8_block T=64, docs/KERNELS.md).
   const bool shared_early =
-      shared && layout.tiles.shared_tile_rows == 0 && layout.tiles.tile_rows == 16 &&
+      shared && layout.tiles.shared_tile_rows == 0 && layout.tiles.tile_rows == cuda::kDecodeTileRows &&
       (!fp8 || (spec.quant.scheme == QuantScheme::kFp8Block && inputs.router_logits.has_value()));
   const bool quantize_x_first = fp8 && shared_early;
   Fp8Input x_first{};
