@@ -10,8 +10,6 @@
 // topk_group of them the same way, and orders the experts of the other groups as -inf.
 #include <cuda_bf16.h>
 
-#include <cfloat>
-
 #include "launch.cuh"
 #include "launchers.h"
 
