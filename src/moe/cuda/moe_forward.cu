@@ -265,13 +265,17 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
       shared && layout.tiles.shared_tile_rows == 0 && layout.tiles.tile_rows == cuda::kDecodeTileRows &&
       (!fp8 || (spec.quant.scheme == QuantScheme::kFp8Block && inputs.router_logits.has_value()));
   const bool quantize_x_first = fp8 && shared_early;
+  // x itself quantised: into the shared experts' buffers where the routed rows take x times
+  // the router weight, else into the one set both take.
+  auto quantize_x = [&](cuda::Start start = cuda::Start::kEarly, int32_t* zero = nullptr, int64_t zero_count = 0) {
+    return quantize_input(spec.quant, x, s.tokens, s.hidden, s.hidden,
+                          layout.separate_shared_input ? layout.shared_x_codes : layout.x_codes,
+                          layout.separate_shared_input ? layout.shared_x_scales : layout.x_scales,
+                          weights.input_scale, {}, layout.amax_bits, stream, start, zero, zero_count);
+  };
   Fp8Input x_first{};
   if (quantize_x_first) {
-    x_first = quantize_input(spec.quant, x, s.tokens, s.hidden, s.hidden,
-                             layout.separate_shared_input ? layout.shared_x_codes : layout.x_codes,
-                             layout.separate_shared_input ? layout.shared_x_scales : layout.x_scales,
-                             weights.input_scale, {}, layout.amax_bits, stream, cuda::Start::kAfterPredecessor,
-                             layout.pairs.arrivals, layout.pairs.arrival_count);
+    x_first = quantize_x(cuda::Start::kAfterPredecessor, layout.pairs.arrivals, layout.pairs.arrival_count);
     EPMOE_RETURN_IF_ERROR(x_first.status);
   }
   cuda::PairLayout sort_layout = layout.pairs;
@@ -336,10 +340,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
     EPMOE_RETURN_IF_ERROR(routed.status);
     Fp8Input shared_input = routed;
     if (layout.separate_shared_input) {  // the shared experts take x itself
-      shared_input = quantize_x_first ? x_first
-                                      : quantize_input(spec.quant, x, s.tokens, s.hidden, s.hidden,
-                                                       layout.shared_x_codes, layout.shared_x_scales,
-                                                       weights.input_scale, {}, layout.amax_bits, stream);
+      shared_input = quantize_x_first ? x_first : quantize_x();
       EPMOE_RETURN_IF_ERROR(shared_input.status);
     }
     gemm1.fp8 = true;
