@@ -101,8 +101,8 @@ __device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, c
   // Each group's first slot and first row tile, by warp 0: lane l takes a run of
   // ceil(groups / 32) consecutive groups and sums its routed groups' (pairs << 32 | row
   // tiles); a warp scan of the runs' sums gives each run its start. (Thread 0 walking all
-  // groups took ~5 us at ep=1.) The shared group's slots follow all routed pairs; its tiles
-  // lead the main list or fill a list of their own.
+  // groups made ep=1 T=1 6-20% slower, docs/KERNELS.md.) The shared group's slots follow all
+  // routed pairs; its tiles lead the main list or fill a list of their own.
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x, per_lane = (a.groups + 31) / 32;
     const int first_group = min(lane * per_lane, a.groups), end_group = min(first_group + per_lane, a.groups);
