@@ -4,8 +4,8 @@
 // Top-k takes k rounds of a warp-wide arg-max over the experts not yet taken, ordered by
 // (score descending, index ascending) so ties go to the lower index; NaN scores order as
 // -inf, as on the CPU. A score becomes an unsigned key that orders like the score, so a
-// round is two redux.sync (the highest key, then the lowest index holding it) and a rescan
-// of its own experts by the winning lane. Grouped top-k first scores the groups (each
+// round is two redux.sync (the highest key, then the lowest index holding it), over each
+// lane's best (a lane sorts its experts once), and the winning lane drops its best. Grouped top-k first scores the groups (each
 // group's experts split over a few lanes, their best two merged by shuffles), keeps
 // topk_group of them the same way, and orders the experts of the other groups as -inf.
 #include <cuda_bf16.h>
@@ -48,25 +48,44 @@ __device__ float warp_max(float value) {
 
 __device__ float sigmoid(float value) { return 1.0f / (1.0f + expf(-value)); }
 
-// A lane's experts (lane + 32 i) as keys, kNoCandidate once taken or past E, and its best.
+// A lane's experts (lane + 32 i) as keys, sorted best first once (a bitonic network in
+// registers: no lane waits on another), so a round's winning lane only shifts its list by
+// one, where a rescan of its unsorted experts would put kPerLane dependent compares in every
+// round. Order: the higher key, then the lower index. kNoCandidate past E and at the end.
 template <int kPerLane>
 struct LaneExperts {
+  static_assert((kPerLane & (kPerLane - 1)) == 0, "a bitonic network sorts a power of two");
   unsigned key[kPerLane];
-  unsigned best_key;
-  int best_index;
+  int index[kPerLane];
 
-  __device__ void find_best(int lane) {
-    best_key = kNoCandidate;
-    best_index = lane;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
-      if (key[i] > best_key) best_key = key[i], best_index = lane + 32 * i;  // strict: the lower index wins ties
+  __device__ static bool before(unsigned key_a, int index_a, unsigned key_b, int index_b) {
+    return key_a > key_b || (key_a == key_b && index_a < index_b);
   }
-  __device__ void take(int index, int lane) {
+  __device__ void sort() {
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
-      if (lane + 32 * i == index) key[i] = kNoCandidate;
-    find_best(lane);
+    for (int size = 2; size <= kPerLane; size *= 2)
+#pragma unroll
+      for (int stride = size / 2; stride > 0; stride /= 2)
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+          const int j = i ^ stride;
+          if (j <= i) continue;
+          // Best first in runs whose `size` bit is clear, best last in the others (bitonic).
+          const bool swap = (i & size) == 0 ? before(key[j], index[j], key[i], index[i])
+                                            : before(key[i], index[i], key[j], index[j]);
+          if (swap) {
+            const unsigned k = key[i];
+            key[i] = key[j], key[j] = k;
+            const int x = index[i];
+            index[i] = index[j], index[j] = x;
+          }
+        }
+  }
+  // Drops the best (this lane won the round).
+  __device__ void pop() {
+#pragma unroll
+    for (int i = 0; i + 1 < kPerLane; ++i) key[i] = key[i + 1], index[i] = index[i + 1];
+    key[kPerLane - 1] = kNoCandidate;
   }
 };
 
@@ -122,7 +141,7 @@ __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_b
   if (t >= tokens) return;
   const int E = spec.num_experts, k = spec.top_k;
   float* scores = shared_scores + warp * 2 * E;  // the weights' source
-  float* selection = scores + E;                 // what the top-k orders by (grouped top-k's group scores)
+  float* selection = scores + E;                 // what grouped top-k scores its groups by
 
   float score[kPerLane];
 #pragma unroll
@@ -151,6 +170,7 @@ __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_b
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) score[i] = sigmoid(score[i]);
   }
+  const bool grouped = spec.kind == RoutingKind::kGroupedTopk;
   float order[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
@@ -158,12 +178,12 @@ __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_b
     order[i] = e < E && bias ? score[i] + bias[e] : score[i];
     if (e < E) {
       scores[e] = score[i];
-      selection[e] = order[i];
+      if (grouped) selection[e] = order[i];
     }
   }
   __syncwarp();
-  const unsigned kept = spec.kind == RoutingKind::kGroupedTopk ? kept_groups(spec, selection, bias, lane) : ~0u;
-  const int group_size = spec.kind == RoutingKind::kGroupedTopk ? E / spec.n_group : E;
+  const unsigned kept = grouped ? kept_groups(spec, selection, bias, lane) : ~0u;
+  const int group_size = grouped ? E / spec.n_group : E;
 
   // k rounds of arg-max; lane j keeps the j-th choice.
   LaneExperts<kPerLane> experts;
@@ -171,12 +191,13 @@ __global__ void route_kernel(RoutingSpec spec, const void* logits, bool logits_b
   for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
     experts.key[i] = e >= E ? kNoCandidate : order_key(kept >> (e / group_size) & 1u ? order[i] : -INFINITY);
+    experts.index[i] = e;
   }
-  experts.find_best(lane);
+  experts.sort();
   int my_id = 0;
   for (int j = 0; j < k; ++j) {
-    const int winner = warp_best_index(experts.best_key, experts.best_index);
-    if (winner % 32 == lane) experts.take(winner, lane);
+    const int winner = warp_best_index(experts.key[0], experts.index[0]);
+    if (experts.index[0] == winner) experts.pop();
     if (lane == j) my_id = winner;
   }
   const float my_score = lane < k ? scores[my_id] : 0.0f;
