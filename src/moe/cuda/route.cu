@@ -4,10 +4,11 @@
 // Top-k takes k rounds of a warp-wide arg-max over the experts not yet taken, ordered by
 // (score descending, index ascending) so ties go to the lower index; NaN scores order as
 // -inf, as on the CPU. A score becomes an unsigned key that orders like the score, so a
-// round is two redux.sync (the highest key, then the lowest index holding it), over each
-// lane's best (a lane sorts its experts once), and the winning lane drops its best. Grouped top-k first scores the groups (each
-// group's experts split over a few lanes, their best two merged by shuffles), keeps
-// topk_group of them the same way, and orders the experts of the other groups as -inf.
+// round is two redux.sync over each lane's best (the highest key, then the lowest index
+// holding it; a lane sorts its experts once), and the winning lane drops its best. Grouped
+// top-k first scores the groups (each group's experts split over a few lanes, their best two
+// merged by shuffles), keeps topk_group of them the same way, and orders the experts of the
+// other groups as -inf.
 #include <cuda_bf16.h>
 
 #include "launch.cuh"
