@@ -95,6 +95,7 @@ TEST(TileSchedule, PlanHoldsEveryTileForAnySpreadOfPairs) {
     const bool shared_apart = plan.shared_tile_rows > 0;
     EXPECT_TRUE(shared_intermediate > 0 || !shared_apart);
     const int64_t shared_in_main = shared_intermediate > 0 && !shared_apart ? (tokens + plan.tile_rows - 1) / plan.tile_rows : 0;
+    EXPECT_EQ(plan.shared_main_tiles, shared_in_main);
     EXPECT_LE(tiles_needed(counts, plan.tile_rows) + shared_in_main, plan.max_tiles);
     if (shared_apart) {
       EXPECT_NE(plan.shared_tile_rows, plan.tile_rows);

@@ -576,8 +576,8 @@ TilePlan plan_tiles(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t 
   // a few routed rows an expert do: up to the medium tile (deepseek-v3 ep=8 fp8_block, T=256:
   // 588 us on 16-row tiles, 463 on 64-row ones; bf16 equal).
   if (shared_in_main) plan.tile_rows = std::max(plan.tile_rows, std::min(shared_rows, MediumConfig::kRows));
-  plan.max_tiles = max_row_tiles(pairs, local_experts, plan.tile_rows) +
-                   (shared_in_main ? (tokens + plan.tile_rows - 1) / plan.tile_rows : 0);
+  plan.shared_main_tiles = shared_in_main ? (tokens + plan.tile_rows - 1) / plan.tile_rows : 0;
+  plan.max_tiles = max_row_tiles(pairs, local_experts, plan.tile_rows) + plan.shared_main_tiles;
   if (shared && !shared_in_main) {
     plan.shared_tile_rows = shared_rows;
     plan.shared_tiles = (tokens + shared_rows - 1) / shared_rows;
@@ -592,12 +592,11 @@ TilePlan plan_tiles(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t 
                                               (main_rows + plan.tile_rows - 1) / plan.tile_rows);
   plan.k_splits = choose_k_splits(plan.tile_rows, expected_row_tiles, hidden, intermediate);
   // A token picks each expert with probability k / E (k distinct experts); the shared group,
-  // when in the list, is ceil(T / tile_rows) tiles.
+  // when in the list, is shared_main_tiles.
   const double pick = static_cast<double>(top_k) / static_cast<double>(std::max<int64_t>(num_experts, 1));
   const double routed_tiles =
       static_cast<double>(local_experts) * expected_tiles_per_expert(tokens, pick, plan.tile_rows);
-  const int64_t shared_tiles_in_main = shared_in_main ? (tokens + plan.tile_rows - 1) / plan.tile_rows : 0;
-  plan.likely_tiles = std::max<int64_t>(1, std::llround(routed_tiles) + shared_tiles_in_main);
+  plan.likely_tiles = std::max<int64_t>(1, std::llround(routed_tiles) + plan.shared_main_tiles);
   return plan;
 }
 

@@ -56,6 +56,8 @@ struct TilePlan {
   int64_t max_tiles = 1;      // capacity of the main list
   int shared_tile_rows = 0;   // > 0: the shared group's own list, of this height
   int64_t shared_tiles = 0;   // its tiles (exactly ceil(T / shared_tile_rows))
+  // Not apart: the shared group's tiles, ceil(T / tile_rows), which lead the main list.
+  int64_t shared_main_tiles = 0;
   int k_splits = 1;           // GEMM2's split K on the main list
   // Row tiles the main list likely holds on this rank, under uniform routing: for choices by
   // how a launch's CTAs fill the GPU (never for sizes: any routing must fit max_tiles).

@@ -262,7 +262,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   // early CTA arrives. Only the decode tile (16 rows) starts tiles early; elsewhere the x
   // quantisation first cost 2.3% (deepseek-v3 fp8_block T=64, docs/KERNELS.md).
   const bool shared_early =
-      shared && layout.tiles.shared_tile_rows == 0 && layout.tiles.tile_rows == cuda::kDecodeTileRows &&
+      shared && layout.tiles.shared_main_tiles > 0 && layout.tiles.tile_rows == cuda::kDecodeTileRows &&
       (!fp8 || (spec.quant.scheme == QuantScheme::kFp8Block && inputs.router_logits.has_value()));
   const bool quantize_x_first = fp8 && shared_early;
   // x itself quantised: into the shared experts' buffers where the routed rows take x times
@@ -326,8 +326,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm1.local_experts = static_cast<int>(s.num_local_experts);
   gemm1.shared_first_slot = static_cast<int32_t>(s.tokens * s.top_k);
   gemm1.shared_rows = static_cast<int32_t>(s.tokens);
-  if (shared_early)
-    gemm1.early_shared_tiles = static_cast<int>((s.tokens + layout.tiles.tile_rows - 1) / layout.tiles.tile_rows);
+  if (shared_early) gemm1.early_shared_tiles = static_cast<int>(layout.tiles.shared_main_tiles);
   gemm1.c = layout.intermediate;
   gemm1.c_stride = widest;
   if (fp8) {

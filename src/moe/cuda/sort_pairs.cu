@@ -120,9 +120,7 @@ __device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, c
     }
     const uint64_t all_routed = __shfl_sync(0xffffffffu, prefix, 31);
     prefix -= run;
-    const bool shared_in_main = a.shared_group >= 0 && !shared_apart;
-    const int32_t main_first =
-        shared_in_main ? static_cast<int32_t>((a.tokens + plan.tile_rows - 1) / plan.tile_rows) : 0;
+    const auto main_first = static_cast<int32_t>(a.shared_group >= 0 ? plan.shared_main_tiles : 0);
     for (int g = first_group; g < end_group; ++g) {
       const bool shared = g == a.shared_group;
       const int32_t count = shared ? static_cast<int32_t>(a.tokens) : totals[g];
