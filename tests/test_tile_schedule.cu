@@ -278,16 +278,17 @@ TEST(TileSchedule, ConfigsFollowTheLikelyLaunchSize) {
   EXPECT_EQ(cuda::specialized_tile_cols(true, false, 2, 4096, 14336, 4), 256);
 }
 
-// sort_pairs' blocks: one per kPairsPerSortBlock pairs; and the plan that
-// test_sort_pairs_gpu's shared_list_apart_two_blocks case needs (the heuristic may move).
-TEST(TileSchedule, SortTakesABlockPerEightThousandPairs) {
+// sort_pairs' blocks: one up to kPairsInOneSortBlock pairs, else one per kPairsPerSortBlock;
+// and the plan that test_sort_pairs_gpu's shared_list_apart_eight_blocks case needs (the
+// heuristic may move).
+TEST(TileSchedule, SortTakesOneBlockUpToEightThousandPairsThenABlockPerTwoThousand) {
   EXPECT_EQ(cuda::sort_blocks(0), 1);
-  EXPECT_EQ(cuda::sort_blocks(cuda::kPairsPerSortBlock), 1);
-  EXPECT_EQ(cuda::sort_blocks(cuda::kPairsPerSortBlock + 8), 2);
-  EXPECT_EQ(cuda::sort_blocks(2048 * 8), 2);
-  EXPECT_EQ(cuda::sort_blocks(16384 * 8), 16);
+  EXPECT_EQ(cuda::sort_blocks(cuda::kPairsInOneSortBlock), 1);
+  EXPECT_EQ(cuda::sort_blocks(cuda::kPairsInOneSortBlock + 8), 5);
+  EXPECT_EQ(cuda::sort_blocks(2048 * 8), 8);
+  EXPECT_EQ(cuda::sort_blocks(16384 * 8), 64);
   EXPECT_GT(cuda::plan_tiles(2048, 8, 512, 512, 4096, 7168, 2048).shared_tile_rows, 0)
-      << "shared_list_apart_two_blocks no longer sets the shared list apart";
+      << "shared_list_apart_eight_blocks no longer sets the shared list apart";
 }
 
 }  // namespace

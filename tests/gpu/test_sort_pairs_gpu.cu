@@ -1,6 +1,6 @@
 // Map and sort (launch_sort_pairs) against a count on the host, on fresh random ids, on one
-// block (up to kPairsPerSortBlock pairs) and on several (two launches through the block
-// counts): each group's count and offset, every local pair in a slot of its own group,
+// block (up to kPairsInOneSortBlock pairs) and on several of kPairsPerSortBlock (two launches
+// through the block counts): each group's count and offset, every local pair in a slot of its own group,
 // every slot taken exactly once (routed pairs and the shared group's tokens), the token of
 // each slot, both tile lists, and the arrival counters zeroed. Every output is poisoned
 // first, so an element left unwritten fails.
@@ -154,12 +154,12 @@ TEST_P(SortPairs, PlacesEveryLocalPairOnceAndSchedulesItsTiles) {
 INSTANTIATE_TEST_SUITE_P(
     Sizes, SortPairs,
     ::testing::Values(SortCase{"decode_mapped_shared", 1, 8, 256, 32, true, 2048, false},
-                      SortCase{"one_block_full", cuda::kPairsPerSortBlock / 8, 8, 256, 256, false, 0, false},
-                      SortCase{"two_blocks_mapped_shared", cuda::kPairsPerSortBlock / 8 + 1, 8, 256, 32, true, 2048,
+                      SortCase{"one_block_full", cuda::kPairsInOneSortBlock / 8, 8, 256, 256, false, 0, false},
+                      SortCase{"five_blocks_mapped_shared", cuda::kPairsInOneSortBlock / 8 + 1, 8, 256, 32, true, 2048,
                                false},
-                      SortCase{"shared_list_apart_two_blocks", 2048, 8, 512, 512, false, 4096, false},
-                      SortCase{"sixteen_blocks_mapped_shared", 16384, 8, 256, 32, true, 2048, false},
-                      SortCase{"skewed_five_blocks_one_expert_map", 20000, 2, 8, 1, true, 0, true},
+                      SortCase{"shared_list_apart_eight_blocks", 2048, 8, 512, 512, false, 4096, false},
+                      SortCase{"sixty_four_blocks_mapped_shared", 16384, 8, 256, 32, true, 2048, false},
+                      SortCase{"skewed_twenty_blocks_one_expert_map", 20000, 2, 8, 1, true, 0, true},
                       SortCase{"skewed_single_block", 3000, 2, 8, 8, false, 0, true}),
     [](const auto& info) { return std::string(info.param.name); });
 

@@ -40,8 +40,10 @@ struct PairLayout {
   // [sort_blocks(T k), groups] each sort block's pairs per group, where it takes several.
   int32_t* block_counts = nullptr;
 };
-// Pairs one block of sort_pairs takes; more take several blocks (and block_counts).
-inline constexpr int64_t kPairsPerSortBlock = 8192;
+// Pairs one block of sort_pairs takes in a single launch; more take several blocks of
+// kPairsPerSortBlock each (and block_counts, and a second launch).
+inline constexpr int64_t kPairsInOneSortBlock = 8192;
+inline constexpr int64_t kPairsPerSortBlock = 2048;
 int64_t sort_blocks(int64_t pairs);
 // Upper bound on row tiles of height `tile_rows` over `slots` slots in `groups` groups.
 int64_t max_row_tiles(int64_t slots, int64_t groups, int tile_rows);

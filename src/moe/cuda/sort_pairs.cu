@@ -8,9 +8,10 @@
 //      (TilePlan: the shared group's in a list of its own when its tiles are taller);
 //   3. place: a pair's slot = its group's offset + the group's pairs in earlier blocks +
 //      its rank.
-// Up to kPairsPerBlock pairs (decode and T k <= 8192) one block does all three in one
-// launch, which keeps the decode chain short; more pairs take one block per kPairsPerBlock,
-// in two launches: count_pairs_kernel (phase 1, block counts into PairLayout::block_counts)
+// Up to kPairsInOneSortBlock pairs (decode and T k <= 8192) one block does all three in one
+// launch, which keeps the decode chain short; more pairs take one block per kPairsPerSortBlock
+// (2048: a quarter of the one block's pairs, so four times the blocks on the loads), in two
+// launches: count_pairs_kernel (phase 1, block counts into PairLayout::block_counts)
 // and sort_pairs_kernel (phases 2 and 3; every block scans the block counts itself). One
 // block walking all 131k pairs of 16k tokens took 66-74 us, latency-bound.
 // The first launch also zeroes the arrival counters of GEMM1's fused quantisation.
@@ -32,8 +33,10 @@ namespace epmoe::cuda {
 namespace {
 
 constexpr int kThreads = 1024;
-constexpr int kBatch = kPairsPerSortBlock / kThreads;  // pairs a thread loads before it visits any
-static_assert(kBatch * kThreads == kPairsPerSortBlock);
+// Pairs a thread loads before it visits any: the one-block launch's, and each block's where
+// several share the pairs (smaller blocks: more SMs on the loads' latency).
+constexpr int kOneBlockBatch = kPairsInOneSortBlock / kThreads, kManyBlocksBatch = kPairsPerSortBlock / kThreads;
+static_assert(kOneBlockBatch * kThreads == kPairsInOneSortBlock && kManyBlocksBatch * kThreads == kPairsPerSortBlock);
 
 struct SortArgs {
   const int32_t* topk_ids;
@@ -54,30 +57,37 @@ __device__ int local_group(int32_t id, const int32_t* expert_map, int num_expert
 // This thread's pairs of its block's chunk (pair first + i kThreads for i < kBatch, first =
 // the block's first pair + threadIdx.x): their groups, and their ranks among the block's
 // pairs of the same group (-1 for no group or past the pairs).
+template <int kBatch>
 struct ThreadPairs {
   int group[kBatch];
   int32_t rank[kBatch];
 };
 
-__device__ int64_t pair_index(int i) { return int64_t{blockIdx.x} * kPairsPerSortBlock + threadIdx.x + i * kThreads; }
+template <int kBatch>
+__device__ int64_t pair_index(int i) { return (int64_t{blockIdx.x} * kBatch + i) * kThreads + threadIdx.x; }
 
 // The groups of this thread's pairs, through the block's copy of the expert map. All ids
 // are loaded before any is mapped: the loads' latency, not bandwidth, bounds a block.
-__device__ void load_groups(const SortArgs& a, const int32_t* map, ThreadPairs& mine) {
+template <int kBatch>
+__device__ void load_groups(const SortArgs& a, const int32_t* map, ThreadPairs<kBatch>& mine) {
   int32_t ids[kBatch];
 #pragma unroll
-  for (int i = 0; i < kBatch; ++i) ids[i] = pair_index(i) < a.pairs ? a.topk_ids[pair_index(i)] : -1;
+  for (int i = 0; i < kBatch; ++i) {
+    const int64_t p = pair_index<kBatch>(i);
+    ids[i] = p < a.pairs ? a.topk_ids[p] : -1;
+  }
 #pragma unroll
   for (int i = 0; i < kBatch; ++i) mine.group[i] = local_group(ids[i], map, a.num_experts);
 }
 
 // Phase 1 for this block's pairs into `counts` (zeroed shared memory), after the
 // predecessor; the grid also zeroes the arrival counters.
-__device__ ThreadPairs count_block_pairs(const SortArgs& a, const int32_t* map, int32_t* counts) {
+template <int kBatch>
+__device__ ThreadPairs<kBatch> count_block_pairs(const SortArgs& a, const int32_t* map, int32_t* counts) {
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < a.layout.arrival_count;
        i += int64_t{gridDim.x} * kThreads)
     a.layout.arrivals[i] = 0;  // after the wait: the previous call's GEMM1 has finished with them
-  ThreadPairs mine;
+  ThreadPairs<kBatch> mine;
   load_groups(a, map, mine);
 #pragma unroll
   for (int i = 0; i < kBatch; ++i) mine.rank[i] = mine.group[i] >= 0 ? atomicAdd(&counts[mine.group[i]], 1) : -1;
@@ -87,7 +97,8 @@ __device__ ThreadPairs count_block_pairs(const SortArgs& a, const int32_t* map, 
 // Phases 2 and 3. `totals` holds each routed group's pairs (the shared group takes T) and
 // `before` each group's pairs in earlier blocks, in shared memory, as is `scratch` (3 x
 // groups). Block 0 writes the counts, offsets and tile lists.
-__device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, const int32_t* totals,
+template <int kBatch>
+__device__ void schedule_and_place(const SortArgs& a, const ThreadPairs<kBatch>& mine, const int32_t* totals,
                                    const int32_t* before, int32_t* scratch) {
   const PairLayout& layout = a.layout;
   const TilePlan& plan = a.plan;
@@ -166,7 +177,7 @@ __device__ void schedule_and_place(const SortArgs& a, const ThreadPairs& mine, c
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < kBatch; ++i) {
-    const int64_t p = pair_index(i);
+    const int64_t p = pair_index<kBatch>(i);
     if (p >= a.pairs) break;
     const int group = mine.group[i];
     const int32_t slot = group >= 0 ? base[group] + mine.rank[i] : -1;
@@ -191,29 +202,34 @@ __device__ const int32_t* start(int32_t* shared, int count, const SortArgs& a, i
 
 // Phase 1 on several blocks: block b's counts to block_counts[b, groups].
 __global__ void __launch_bounds__(kThreads, 1) count_pairs_kernel(SortArgs a) {
+  constexpr int kBatch = kManyBlocksBatch;
   extern __shared__ int32_t counts[];  // [groups], then the expert map [num_experts]
   const int32_t* map = start(counts, a.groups, a, counts + a.groups);
-  const ThreadPairs mine = count_block_pairs(a, map, counts);
+  const ThreadPairs<kBatch> mine = count_block_pairs<kBatch>(a, map, counts);
 #pragma unroll
   for (int i = 0; i < kBatch; ++i)  // the ranks wait in slot_of_pair for sort_pairs_kernel
-    if (pair_index(i) < a.pairs) a.layout.slot_of_pair[pair_index(i)] = mine.rank[i];
+    if (pair_index<kBatch>(i) < a.pairs) a.layout.slot_of_pair[pair_index<kBatch>(i)] = mine.rank[i];
   __syncthreads();
   for (int g = threadIdx.x; g < a.groups; g += kThreads) a.layout.block_counts[blockIdx.x * a.groups + g] = counts[g];
 }
 
-// Phases 2 and 3 (and phase 1, on one block: block_counts null).
+// Phases 2 and 3 (and phase 1, on one block: block_counts null, kBatch kOneBlockBatch).
+template <int kBatch>
 __global__ void __launch_bounds__(kThreads, 1) sort_pairs_kernel(SortArgs a) {
   // totals, before, schedule_and_place's scratch: [groups] each, then the expert map
   extern __shared__ int32_t memory[];
   int32_t* totals = memory;
   int32_t* before = memory + a.groups;
   const int32_t* map = start(memory, 2 * a.groups, a, memory + 5 * a.groups);
-  ThreadPairs mine;
+  ThreadPairs<kBatch> mine;
   if (a.layout.block_counts == nullptr) {
-    mine = count_block_pairs(a, map, totals);
+    mine = count_block_pairs<kBatch>(a, map, totals);
   } else {
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) mine.rank[i] = pair_index(i) < a.pairs ? a.layout.slot_of_pair[pair_index(i)] : -1;
+    for (int i = 0; i < kBatch; ++i) {
+      const int64_t p = pair_index<kBatch>(i);
+      mine.rank[i] = p < a.pairs ? a.layout.slot_of_pair[p] : -1;
+    }
     load_groups(a, map, mine);
     for (int g = threadIdx.x; g < a.groups; g += kThreads)
       for (int b = 0; b < static_cast<int>(gridDim.x); ++b) {
@@ -232,7 +248,9 @@ int64_t max_row_tiles(int64_t slots, int64_t groups, int tile_rows) {
   return std::max<int64_t>(1, std::min(slots, slots / tile_rows + groups));
 }
 
-int64_t sort_blocks(int64_t pairs) { return std::max<int64_t>(1, (pairs + kPairsPerSortBlock - 1) / kPairsPerSortBlock); }
+int64_t sort_blocks(int64_t pairs) {
+  return pairs <= kPairsInOneSortBlock ? 1 : (pairs + kPairsPerSortBlock - 1) / kPairsPerSortBlock;
+}
 
 PairLayout shared_tile_list(const PairLayout& layout, const TilePlan& plan, int64_t arrival_scopes) {
   PairLayout view = layout;
@@ -246,7 +264,8 @@ PairLayout shared_tile_list(const PairLayout& layout, const TilePlan& plan, int6
 cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map, int64_t tokens, int top_k,
                               int num_experts, int local_experts, bool shared_group, const TilePlan& plan,
                               const PairLayout& layout, cudaStream_t stream, Start start) {
-  static const cudaError_t carveout = prefer_max_shared_memory(count_pairs_kernel, sort_pairs_kernel);
+  static const cudaError_t carveout = prefer_max_shared_memory(count_pairs_kernel, sort_pairs_kernel<kOneBlockBatch>,
+                                                               sort_pairs_kernel<kManyBlocksBatch>);
   if (carveout != cudaSuccess) return carveout;
   const int groups = local_experts + (shared_group ? 1 : 0);
   SortArgs args{topk_ids, expert_map, tokens * top_k, tokens, top_k, num_experts,
@@ -257,14 +276,16 @@ cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map
   const size_t map_bytes = expert_map ? static_cast<size_t>(num_experts) * sizeof(int32_t) : 0;
   if (blocks == 1) {
     args.layout.block_counts = nullptr;
-    return launch_kernel(start, sort_pairs_kernel, dim3(1), dim3(kThreads), 5 * group_bytes + map_bytes, stream, args);
+    return launch_kernel(start, sort_pairs_kernel<kOneBlockBatch>, dim3(1), dim3(kThreads), 5 * group_bytes + map_bytes,
+                         stream, args);
   }
   if (layout.block_counts == nullptr) return cudaErrorInvalidValue;  // the workspace holds them (sort_blocks)
   const dim3 grid(static_cast<unsigned>(blocks));
   if (const cudaError_t e = launch_kernel(start, count_pairs_kernel, grid, dim3(kThreads), group_bytes + map_bytes, stream, args);
       e != cudaSuccess)
     return e;
-  return launch_chained(sort_pairs_kernel, grid, dim3(kThreads), 5 * group_bytes + map_bytes, stream, args);
+  return launch_chained(sort_pairs_kernel<kManyBlocksBatch>, grid, dim3(kThreads), 5 * group_bytes + map_bytes, stream,
+                        args);
 }
 
 }  // namespace epmoe::cuda
