@@ -242,21 +242,24 @@ TEST(TileSchedule, ConfigsFollowTheLikelyLaunchSize) {
     int cols;
   };
   // Worked out by hand: 256 wide, tiles x ceil(out / 128) items gated (256 not), in
-  // ceil(items / 132) rounds; 128 wide, twice the items. bf16: a narrow round 5/8 of the
-  // time; e4m3: a wide round 1.6 + (gated ? 6.4 : 2.4) / K tiles narrow ones.
+  // ceil(items / 132) rounds; 192 wide, tiles x ceil(out / 96) (192); 128 wide, twice the
+  // 256 items. bf16: a round of 192 takes 32/40 of a 256-wide one, of 128 25/40; e4m3 (256
+  // or 128): a wide round 1.6 + (gated ? 6.4 : 2.4) / K tiles narrow ones.
+  // Items and rounds below: 256 wide; 192; 128.
   for (const Launch& l : {
-           Launch{24, 768, 2048, true, 128},    // qwen3-30b-a3b ep=8 T=2048 GEMM1: 144 items, 2 rounds; 288, 3
-           Launch{16, 1536, 4096, true, 128},   // qwen3-235b-a22b ep=8 T=1024 GEMM1: 192, 2; 384, 3
-           Launch{16, 4096, 1536, false, 256},  // its GEMM2: 256, 2; 512, 4
-           Launch{40, 768, 2048, true, 256},    // qwen3-30b-a3b ep=8 T=4096 GEMM1: 240, 2; 480, 4
-           Launch{16, 768, 2048, true, 256},    // qwen3-30b-a3b ep=8 T=1024 GEMM1: 96, 1; 192, 2
-           Launch{1, 256, 2048, true, 128},     // 2, 1; 4, 1
-           Launch{2000, 2048, 7168, true, 256}, // thousands of items: the wider tile's rate
+           Launch{24, 768, 2048, true, 192},     // qwen3-30b-a3b ep=8 T=2048 GEMM1: 144, 2; 192, 2; 288, 3
+           Launch{16, 1536, 4096, true, 192},    // qwen3-235b-a22b ep=8 T=1024 GEMM1: 192, 2; 256, 2; 384, 3
+           Launch{16, 4096, 1536, false, 256},   // its GEMM2: 256, 2; 352, 3; 512, 4
+           Launch{40, 768, 2048, true, 256},     // qwen3-30b-a3b ep=8 T=4096 GEMM1: 240, 2; 320, 3; 480, 4
+           Launch{16, 768, 2048, true, 192},     // qwen3-30b-a3b ep=8 T=1024 GEMM1: 96, 1; 128, 1; 192, 2
+           Launch{12, 2048, 768, false, 192},    // 96, 1; 132 (the last of 11 column tiles 128 wide), 1; 192, 2
+           Launch{1, 256, 2048, true, 128},      // 2, 1; 3, 1; 4, 1
+           Launch{2000, 2048, 7168, true, 256},  // thousands of items: the wider tile's rate
        })
     EXPECT_EQ(cuda::specialized_tile_cols(false, l.gated, l.tiles, l.out_cols, l.k, 1), l.cols)
         << l.tiles << " tiles, " << l.out_cols << (l.gated ? " gated" : "") << " columns";
-  // Split K multiplies the items: GEMM2 of 8 tiles over 2048 columns, 64 items (128: 128, one
-  // round either way), split 4 ways: 256 items, 2 rounds; 512, 4.
+  // Split K multiplies the items: GEMM2 of 8 tiles over 2048 columns, 64 items (192: 88, 128:
+  // 128, one round each), split 4 ways: 256 items, 2 rounds; 352, 3; 512, 4.
   EXPECT_EQ(cuda::specialized_tile_cols(false, false, 8, 2048, 768, 1), 128);
   EXPECT_EQ(cuda::specialized_tile_cols(false, false, 8, 2048, 768, 4), 256);
   for (const Launch& l : {

@@ -325,21 +325,25 @@ TEST(GpuMoe, DecodeTileOnEveryRingDepth) {
     }
 }
 
-// The specialised tile at both widths (specialized_tile_cols, by a launch's likely work
+// The specialised tile at every width (specialized_tile_cols, by a launch's likely work
 // items and, e4m3, its K tiles), bf16 and fp8_block (the wide e4m3 tile sums its two B
 // halves in turn, and GEMM1's fused quantisation takes a group from one tile, not from a
 // pair; the other fp8 schemes run narrow): qwen3-30b-a3b's routing at reduced sizes, 1000
-// tokens on one rank of eight (16 experts of ~62 rows, I = 256: fewer 256-wide items than
-// SMs, K 2 tiles: 128 wide), and mixtral-8x7b's with 16 experts, 512 tokens on a single rank
-// (16 row tiles; H = 4096, I = 1024: 128 and 256 wide items, K 32 and 8 tiles: 256 wide).
-TEST(GpuMoe, SpecializedTileOnBothWidths) {
+// tokens on one rank of eight (16 experts of ~62 rows): with H = I = 256 fewer 256-wide
+// items than SMs, K 2 tiles: 128 wide; with H = 1408, I = 640 bf16 takes 192 (GEMM1 112
+// items against 80 of 256 and 160 of 128, its last column tile 64 outputs of 96; GEMM2 128
+// items, the last 64 columns of 192), e4m3 128 (K 11 and 5 tiles). mixtral-8x7b's with 16
+// experts, 512 tokens on a single rank (16 row tiles; H = 4096, I = 1024: 128 and 256 wide
+// items, K 32 and 8 tiles: 256 wide).
+TEST(GpuMoe, SpecializedTileOnEveryWidth) {
   struct WidthCase {
     const char* preset;
     int64_t tokens, experts, hidden, intermediate;
-    int ranks, cols;
+    int ranks, bf16_cols, fp8_cols;
   };
-  for (const WidthCase& c : {WidthCase{"qwen3-30b-a3b", 1000, 128, 256, 256, 8, 128},
-                             WidthCase{"mixtral-8x7b", 512, 16, 4096, 1024, 1, 256}})
+  for (const WidthCase& c : {WidthCase{"qwen3-30b-a3b", 1000, 128, 256, 256, 8, 128, 128},
+                             WidthCase{"qwen3-30b-a3b", 1000, 128, 1408, 640, 8, 192, 128},
+                             WidthCase{"mixtral-8x7b", 512, 16, 4096, 1024, 1, 256, 256}})
     for (QuantScheme scheme : {QuantScheme::kBf16, QuantScheme::kFp8Block}) {
       RandomCaseOptions options = preset_options(*find_preset(c.preset), c.tokens, false, c.ranks, 0);
       options.spec.quant.scheme = scheme;
@@ -353,15 +357,17 @@ TEST(GpuMoe, SpecializedTileOnBothWidths) {
       ASSERT_EQ(plan.tile_rows, 128) << c.preset << ": the case no longer covers what it names";
       ASSERT_EQ(plan.shared_tiles, 0) << c.preset << ": one tile list";
       const bool fp8 = is_fp8(scheme);
+      const int cols = fp8 ? c.fp8_cols : c.bf16_cols;
       ASSERT_EQ(cuda::specialized_tile_cols(fp8, true, plan.likely_tiles, options.intermediate, options.hidden, 1),
-                c.cols)
-          << c.preset << ": GEMM1";
+                cols)
+          << c.preset << " H " << c.hidden << ": GEMM1";
       ASSERT_EQ(cuda::specialized_tile_cols(fp8, false, plan.likely_tiles, options.hidden, options.intermediate,
                                             plan.k_splits),
-                c.cols)
-          << c.preset << ": GEMM2";
+                cols)
+          << c.preset << " H " << c.hidden << ": GEMM2";
       const std::string name(quant_scheme_name(scheme));
-      expect_gpu_matches_cpu(options, std::string(c.preset) + " " + name, fp8 ? 3e-2 : 1e-2);
+      expect_gpu_matches_cpu(options, std::string(c.preset) + " H " + std::to_string(c.hidden) + " " + name,
+                             fp8 ? 3e-2 : 1e-2);
     }
 }
 

@@ -86,12 +86,13 @@ __device__ inline void wgmma_wait() {
 
 // The accumulator operands of one wgmma: d[j][q] is n8 block j in the mma.sync fragment
 // order (thread holds rows lane / 4 + 8 (q / 2), columns 8 j + 2 (lane % 4) + q % 2 of its
-// warp's 16 rows); 2 blocks (n16), 16 (n128) or 32 (n256).
+// warp's 16 rows); 2 blocks (n16), 16 (n128), 24 (n192) or 32 (n256).
 #define EPMOE_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define EPMOE_WG_D16(j) EPMOE_WG_D4(j), EPMOE_WG_D4(j + 1), EPMOE_WG_D4(j + 2), EPMOE_WG_D4(j + 3)
 #define EPMOE_WG_D64(j) EPMOE_WG_D16(j), EPMOE_WG_D16(j + 4), EPMOE_WG_D16(j + 8), EPMOE_WG_D16(j + 12)
 #define EPMOE_WG_REGS8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define EPMOE_WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define EPMOE_WG_REGS96 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
 #define EPMOE_WG_REGS128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 // scale-d as a predicate from operand `n`: 0 overwrites d with the product, 1 adds to it.
 #define EPMOE_WG_SCALE_D(n) "{\n.reg .pred keep;\nsetp.ne.b32 keep, %" #n ", 0;\n"
@@ -101,8 +102,8 @@ __device__ inline void wgmma_wait() {
 // overwrites d (the first step of a fresh sum) instead of adding to it.
 template <int Cols, bool kFp8>
 __device__ inline void wgmma_step(float (&d)[Cols / 8][4], uint64_t a, uint64_t b, bool accumulate) {
-  static_assert(Cols == 128 || (Cols == 256 && !kFp8) || (Cols == 16 && kFp8),
-                "wgmma steps: bf16 m64n128 / m64n256, e4m3 m64n128 / m64n16");
+  static_assert(Cols == 128 || ((Cols == 192 || Cols == 256) && !kFp8) || (Cols == 16 && kFp8),
+                "wgmma steps: bf16 m64n128 / m64n192 / m64n256, e4m3 m64n128 / m64n16");
   const int keep = accumulate;
   if constexpr (Cols == 16) {
     asm volatile(EPMOE_WG_SCALE_D(10) "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 " EPMOE_WG_REGS8
@@ -116,6 +117,10 @@ __device__ inline void wgmma_step(float (&d)[Cols / 8][4], uint64_t a, uint64_t 
     asm volatile(EPMOE_WG_SCALE_D(66) "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " EPMOE_WG_REGS64
                  ", %64, %65, keep, 1, 1;\n}\n"
                  : EPMOE_WG_D64(0) : "l"(a), "l"(b), "r"(keep));
+  } else if constexpr (Cols == 192) {
+    asm volatile(EPMOE_WG_SCALE_D(98) "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 " EPMOE_WG_REGS96
+                 ", %96, %97, keep, 1, 1, 0, 0;\n}\n"
+                 : EPMOE_WG_D64(0), EPMOE_WG_D16(16), EPMOE_WG_D16(20) : "l"(a), "l"(b), "r"(keep));
   } else {
     asm volatile(EPMOE_WG_SCALE_D(130) "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " EPMOE_WG_REGS128
                  ", %128, %129, keep, 1, 1, 0, 0;\n}\n"

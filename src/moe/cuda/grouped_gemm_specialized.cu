@@ -23,11 +23,11 @@
 // wgmma group in flight; fp8 waits for each stage's sums and adds them to the accumulator
 // times the stage's scales, and while one consumer does that the other's wgmma keeps the
 // tensor cores busy.
-// Tiles: 128 x 256, or 128 x 128 for launches whose 256-wide items would leave many SMs
-// idle in their last wave or (e4m3) run short K loops (specialized_tile_cols). bf16 m64n256k16
-// or m64n128k16 per consumer; e4m3 m64n128k32 into a second accumulator for the per-stage
-// sums, the wide tile's two B halves in turn (sums for 256 columns beside the accumulator
-// would not fit the registers); 192 KiB of stages in every case.
+// Tiles: 128 x 256, or 128 x 192 (bf16) or 128 x 128 for launches whose 256-wide items would
+// leave many SMs idle in their last wave or (e4m3) run short K loops (specialized_tile_cols).
+// bf16 m64n256k16, m64n192k16 or m64n128k16 per consumer; e4m3 m64n128k32 into a second
+// accumulator for the per-stage sums, the wide tile's two B halves in turn (sums for 256
+// columns beside the accumulator would not fit the registers); 192 to 200 KiB of stages.
 // GEMM1's fp8 quantisation stays in registers: a group of 128 output columns is the wide e4m3
 // tile's, or the columns of two neighbouring narrow column tiles (64 each), which run as a
 // cluster of two CTAs and send each other their rows' amax (st.async into the partner's shared
@@ -63,7 +63,7 @@ struct SpecializedTile {
   static constexpr int kATileBytes = kRows * kRowBytes;
   static constexpr int kBTileBytes = kCols * kRowBytes;
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
-  static constexpr int kStages = 192 * 1024 / kStageBytes;  // 128 wide: 6 stages, 256 wide: 4
+  static constexpr int kStages = 200 * 1024 / kStageBytes;  // 128 wide: 6 stages, 192: 5, 256: 4
   static constexpr int kMmaN = kCols / 8;  // n8 blocks of a consumer's m64 x kCols accumulator
   static constexpr int kAChunks = kRows * kChunksPerRow / kProducerThreads;  // per producer thread and stage
   static_assert(kRows == kProducerThreads, "a producer thread stages one row's fp8 scale");
@@ -71,6 +71,7 @@ struct SpecializedTile {
 using Fp8Tile = SpecializedTile<true, 256>;
 using Fp8NarrowTile = SpecializedTile<true, 128>;
 using Bf16Tile = SpecializedTile<false, 256>;
+using Bf16MidTile = SpecializedTile<false, 192>;
 using Bf16NarrowTile = SpecializedTile<false, 128>;
 
 // What the partner CTA of a pair of column tiles sends, per work item: its rows' amax over
@@ -115,6 +116,7 @@ static_assert(specialized_shared_bytes<Fp8Tile>() <= kSharedBudget + 1024 &&
               scale_slots<Fp8NarrowTile>() >= Fp8NarrowTile::kStages);
 // One CTA an SM, whatever the width (specialized_tile_cols counts waves of one CTA an SM).
 static_assert(2 * specialized_shared_bytes<Bf16NarrowTile>() > kSharedBudget &&
+              specialized_shared_bytes<Bf16MidTile>() <= kSharedBudget + 1024 &&
               specialized_shared_bytes<Bf16Tile>() <= kSharedBudget + 1024);
 
 __device__ inline void barrier_init(uint64_t* barrier, int count) {
@@ -755,11 +757,20 @@ int specialized_tile_cols(bool fp8, bool gated, int64_t likely_tiles, int64_t ou
   };
   const int64_t narrow = waves(Bf16NarrowTile::kCols), wide = waves(Bf16Tile::kCols);
   if (!fp8) {
-    // A 128-wide bf16 item is half a 256-wide one's work at about 1.25 times its time per
-    // flop (the 128 x 128 bf16 tile on every launch: +20 to +26% at T=16384, where waves are
-    // many; -13% at qwen3-30b-a3b T=2048, where 144 items of 256 make two rounds on 132 SMs,
-    // the second of 12 items).
-    return 5 * narrow < 8 * wide ? Bf16NarrowTile::kCols : Bf16Tile::kCols;
+    // The width whose rounds take the least time, the wider on a tie, by an item's time in
+    // 40ths of a 256-wide one's. 128 wide: half the work at about 1.25 times the time per flop,
+    // 25 (the 128 x 128 tile on every launch: +20 to +26% at T=16384, where waves are many;
+    // -13% at qwen3-30b-a3b T=2048, where 144 items of 256 make two rounds on 132 SMs, the
+    // second of 12 items). 192 wide: three quarters of the work, 32 (one round of 128 items at
+    // qwen3-30b-a3b T=1024, where 96 of 256 leave 36 SMs idle).
+    struct Width {
+      int cols, item_time;
+    };
+    Width best{Bf16Tile::kCols, 40};
+    int64_t best_time = wide * best.item_time;
+    for (const Width width : {Width{Bf16MidTile::kCols, 32}, Width{Bf16NarrowTile::kCols, 25}})
+      if (const int64_t time = waves(width.cols) * width.item_time; time < best_time) best = width, best_time = time;
+    return best.cols;
   }
   // e4m3: a 256-wide item costs 1.6 + c / k_tiles narrow ones, c = 6.4 gated (GEMM1's
   // epilogue also activates and quantises), 2.4 not: the quarter fewer bytes a flop of its
@@ -780,13 +791,15 @@ cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& 
     return gated ? launch_specialized<Tile, true, kScales>(groups, layout, max_tiles, activation, stream)
                  : launch_specialized<Tile, false, kScales>(groups, layout, max_tiles, activation, stream);
   };
+  const int cols =
+      specialized_tile_cols(groups.fp8, gated, likely_tiles, column_extent(groups, gated), groups.k, groups.k_splits);
   auto by_width = [&]<typename NarrowTile, typename WideTile, Scales kScales>() {
-    const int cols =
-        specialized_tile_cols(groups.fp8, gated, likely_tiles, column_extent(groups, gated), groups.k, groups.k_splits);
     return cols == NarrowTile::kCols ? with_tile.template operator()<NarrowTile, kScales>()
                                      : with_tile.template operator()<WideTile, kScales>();
   };
-  if (!groups.fp8) return by_width.template operator()<Bf16NarrowTile, Bf16Tile, Scales::kNone>();
+  if (!groups.fp8)
+    return cols == Bf16MidTile::kCols ? with_tile.template operator()<Bf16MidTile, Scales::kNone>()
+                                      : by_width.template operator()<Bf16NarrowTile, Bf16Tile, Scales::kNone>();
   const bool scales_along_k = groups.a_routed_scale.k_stride != 0 || groups.b_routed_scale.k_stride != 0;
   // Scales in the epilogue (per channel, per tensor) stay narrow: its scale per column made the
   // wide tile's epilogue cost more than its K loop saved (fp8_channel, ep=8: +3 to +6% at
