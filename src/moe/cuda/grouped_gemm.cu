@@ -101,8 +101,6 @@ static_assert(DecodeDeepConfig::kStages != DecodeConfig::kStages &&
               DecodeConfig::kStages != DecodeFp8ShallowConfig::kStages &&
               DecodeFp8Config::kStages != DecodeFp8ShallowConfig::kStages);
 using MediumConfig = Config<Instruction::kWgmma, 64, 128, 4, 4, 1>;
-// Larger row tiles (128): grouped_gemm_specialized.cu.
-inline constexpr int kSpecializedRows = 128;
 // The most rows an expert expects for which the medium tile is chosen (choose_tile_rows).
 inline constexpr int64_t kMediumMostRows = 32;
 
@@ -514,7 +512,7 @@ int choose_k_splits(int tile_rows, int64_t expected_row_tiles, int64_t n, int64_
   // tile counts as bf16's 256 columns; e4m3's 128 then make at most two waves.
   const int cols = tile_rows == DecodeConfig::kRows ? DecodeConfig::kCols
                    : tile_rows == MediumConfig::kRows ? MediumConfig::kCols : 256;
-  const int per_sm = tile_rows == kSpecializedRows ? 1 : 2;
+  const int per_sm = tile_rows == kSpecializedTileRows ? 1 : 2;
   static_assert(ctas_per_multiprocessor<MediumConfig>() >= 2 && ctas_per_multiprocessor<DecodeConfig>() >= 2);
   const int64_t ctas = std::max<int64_t>(1, expected_row_tiles) * ((n + cols - 1) / cols);
   const int64_t wave = int64_t{per_sm} * multiprocessor_count();
@@ -555,7 +553,7 @@ int choose_tile_rows(int64_t rows_per_group) {
   // fp8_block, qwen3-30b-a3b T=1024 -10% / -7%, mixtral-8x7b T=256 -9%), not at 32
   // (qwen3-30b-a3b T=512 +9% / +21%).
   if (rows_per_group <= kMediumMostRows) return MediumConfig::kRows;
-  return kSpecializedRows;
+  return kSpecializedTileRows;
 }
 
 TilePlan plan_tiles(int64_t tokens, int64_t top_k, int64_t num_experts, int64_t local_experts,
@@ -627,7 +625,7 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
       }
     }
     case MediumConfig::kRows: return dispatch.template operator()<MediumConfig, MediumConfig>();
-    case kSpecializedRows:
+    case kSpecializedTileRows:
       return launch_specialized_gemm(groups, layout, max_tiles, likely_tiles, gated, activation, stream);
     default: return cudaErrorInvalidValue;  // only the tile heights choose_tile_rows returns exist
   }

@@ -297,6 +297,28 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
   }
 }
 
+// The consumers' and the producer's own barriers (0 is __syncthreads).
+__device__ inline void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(256) : "memory"); }
+__device__ inline void producers_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(128) : "memory"); }
+
+// The hand-over by row tile (GemmGroups::row_tile_columns). GEMM1, once every consumer has
+// written the item: the columns it wrote, released at GPU scope (the barrier orders the other
+// threads' stores before this thread's fence).
+__device__ inline void hand_over_columns(int32_t* count, int columns) {
+  __threadfence();
+  atomicAdd(count, columns);
+}
+// GEMM2, before the item's loads: until all `columns` of the row tile are in (acquire; the
+// producers' barrier after it orders the other producer threads' copies).
+__device__ inline void wait_for_columns(const int32_t* count, int64_t columns) {
+  for (;;) {
+    int32_t written;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(written) : "l"(count) : "memory");
+    if (written >= columns) return;
+    __nanosleep(200);
+  }
+}
+
 // 4 bytes global -> shared (a scale), through L1.
 __device__ inline void copy_scale_async(float* destination, const float* source) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(destination)), "l"(source));
@@ -315,8 +337,18 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   uint8_t* ring = aligned_tiles(shared_raw);
   constexpr int kScaleSlots = scale_slots<Tile>();
   auto& control = *reinterpret_cast<StageControl<kStages, kScaleSlots>*>(ring + kStages * Tile::kStageBytes);
-  allow_successor();
-  wait_for_predecessor();
+  int32_t* const row_tile_columns = groups.row_tile_columns;
+  if (row_tile_columns == nullptr) {
+    allow_successor();
+    wait_for_predecessor();
+  } else if (kGated) {
+    // GEMM2 starts once every CTA here is past the wait: the sort, which wrote the layout
+    // GEMM2 reads too, has finished; GEMM2 then waits for rows, not for this grid.
+    wait_for_predecessor();
+    allow_successor();
+  } else {
+    allow_successor();
+  }
   constexpr int64_t cols_per_tile = kSpecializedOutCols<Tile, kGated>;
   const int64_t column_tiles = specialized_column_tiles<Tile, kGated>(groups);
   const bool column_pairs = pairs_column_tiles<Tile, kGated>(groups);
@@ -340,6 +372,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // b_to_pair: the row pair's tiles share B (one expert's), so each CTA loads one half for both.
   struct Place {
     RowTile tile;
+    int tile_index;  // in the list; -1: the odd count's partner
     int64_t out_cols, column_tile, first_col, b_rows[2];
     int first_k_tile, k_tiles;
     bool b_to_pair;
@@ -350,6 +383,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     const bool beyond = tile >= tiles_made;  // the odd count's partner
     Place p{row_tile(groups, layout, beyond ? tile - 1 : tile)};
     if (beyond) p.tile.group_end = p.tile.first_slot;
+    p.tile_index = beyond ? -1 : tile;
     const int partner = tile ^ 1;
     p.b_to_pair = row_pairs && (beyond || partner >= tiles_made || layout.tile_group[partner] == p.tile.group);
     p.out_cols = kGated ? p.tile.n / 2 : p.tile.n;
@@ -392,6 +426,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       const Place p = place_of(item);
       if (p.first_col >= p.out_cols) continue;  // (the consumers skip it too)
       const RowTile& this_tile = p.tile;
+      if (!kGated && row_tile_columns != nullptr) {  // GEMM1's columns of these rows (K of this GEMM)
+        if (thread == 0 && p.tile_index >= 0) wait_for_columns(&row_tile_columns[p.tile_index], this_tile.k);
+        producers_sync();
+      }
       const auto* A = static_cast<const uint8_t*>(this_tile.shared ? groups.a_shared : groups.a_routed);
       // This thread's A chunks: column chunk `chunk` of rows thread / 8 + 16 i, from the split's
       // first K tile on (so that the loop below steps the pointers by a constant: the address
@@ -633,6 +671,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                          lane, partner_has_columns ? &control.exchange : nullptr, exchanges & 1, thread == 0);
         exchanges += partner_has_columns ? 1 : 0;
       }
+    }
+    if (kGated && row_tile_columns != nullptr) {
+      consumers_sync();
+      if (thread == 0 && p.tile_index >= 0)
+        hand_over_columns(&row_tile_columns[p.tile_index], static_cast<int>(min(cols_per_tile, out_cols - first_col)));
     }
   }
   if (row_pairs) cluster_sync();

@@ -34,7 +34,8 @@ struct PairLayout {
   int32_t* tile_group;     // [max_tiles + shared_tiles] group of each row tile of the GEMMs
   int32_t* tile_row;       // [max_tiles + shared_tiles] first slot of each row tile
   int32_t* tile_count;     // [2] tiles of the main list, and of the shared group's own list
-  // Arrival counters of GEMM1's fused quantisation (EpilogueQuantize), zeroed by sort_pairs.
+  // Arrival counters of GEMM1's fused quantisation (EpilogueQuantize), then those of the
+  // hand-over by row tile (GemmGroups::row_tile_columns), zeroed by sort_pairs.
   int32_t* arrivals = nullptr;
   int64_t arrival_count = 0;
   // [sort_blocks(T k), groups] each sort block's pairs per group, where it takes several.
@@ -137,6 +138,13 @@ struct GemmGroups {
   bool fp8 = false;
   ScaleGrid a_routed_scale, a_shared_scale, b_routed_scale, b_shared_scale;
   EpilogueQuantize quantize;  // gated fp8 only
+  // The specialised tile's hand-over from GEMM1 to GEMM2 by row tile (hands_over_by_row_tile):
+  // GEMM1 adds the output columns each of its items wrote to row_tile_columns[row tile] once
+  // they are written; GEMM2 does not wait for GEMM1 to finish, but before it loads an item's
+  // A waits for its row tile's count to reach K (the whole intermediate of those rows). Its
+  // items then run on the SMs that GEMM1's last round leaves idle. Zeroed by sort_pairs (the
+  // end of PairLayout::arrivals). Null: GEMM2 waits for all of GEMM1.
+  int32_t* row_tile_columns = nullptr;
 };
 // gated: B rows are [gate; up] (N = 2 I) and C[slot, i] = act(gate_i) * up_i, i < I.
 // max_tiles sizes the grid; likely_tiles (TilePlan's) only picks between configs of one height.
@@ -162,6 +170,13 @@ int multiprocessor_count();
 int choose_tile_rows(int64_t rows_per_group);
 // The decode tile's height: the one tile whose GEMM1 starts the shared group's tiles early.
 inline constexpr int kDecodeTileRows = 16;
+// The warp-specialised tile's height (grouped_gemm_specialized.cu).
+inline constexpr int kSpecializedTileRows = 128;
+// Whether GEMM2 takes GEMM1's rows by row tile (GemmGroups::row_tile_columns): both GEMMs on
+// the specialised tile over one tile list, bf16 (GEMM2 reads fp8 scales through L1).
+inline bool hands_over_by_row_tile(const TilePlan& plan, bool fp8) {
+  return !fp8 && plan.tile_rows == kSpecializedTileRows && plan.shared_tiles == 0;
+}
 // How many ways GEMM2 splits K: where its CTAs (expected_row_tiles x the column tiles of
 // n) fill less than one wave of the CTAs the SMs hold at once (few experts, few tiles, at
 // any tile height), as many as keep it within that wave; each split keeps at least four
