@@ -1,9 +1,9 @@
 // Map and sort (launch_sort_pairs) against a count on the host, on fresh random ids, on one
-// block (up to kPairsInOneSortBlock pairs) and on several of kPairsPerSortBlock (two launches
-// through the block counts): each group's count and offset, every local pair in a slot of its own group,
-// every slot taken exactly once (routed pairs and the shared group's tokens), the token of
-// each slot, both tile lists, and the arrival counters zeroed. Every output is poisoned
-// first, so an element left unwritten fails.
+// block (up to kPairsInOneSortBlock pairs) and on several of kPairsPerSortBlock (two
+// launches through the block counts): each group's count and offset, every local pair in a
+// slot of its own group, every slot taken exactly once (routed pairs and the shared group's
+// tokens), the token of each slot, both tile lists, and the arrival counters zeroed. Every
+// output is poisoned first, so an element left unwritten fails.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

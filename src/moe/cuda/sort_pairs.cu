@@ -207,8 +207,10 @@ __global__ void __launch_bounds__(kThreads, 1) count_pairs_kernel(SortArgs a) {
   const int32_t* map = start(counts, a.groups, a, counts + a.groups);
   const ThreadPairs<kBatch> mine = count_block_pairs<kBatch>(a, map, counts);
 #pragma unroll
-  for (int i = 0; i < kBatch; ++i)  // the ranks wait in slot_of_pair for sort_pairs_kernel
-    if (pair_index<kBatch>(i) < a.pairs) a.layout.slot_of_pair[pair_index<kBatch>(i)] = mine.rank[i];
+  for (int i = 0; i < kBatch; ++i) {  // the ranks wait in slot_of_pair for sort_pairs_kernel
+    const int64_t p = pair_index<kBatch>(i);
+    if (p < a.pairs) a.layout.slot_of_pair[p] = mine.rank[i];
+  }
   __syncthreads();
   for (int g = threadIdx.x; g < a.groups; g += kThreads) a.layout.block_counts[blockIdx.x * a.groups + g] = counts[g];
 }
