@@ -309,7 +309,10 @@ __device__ inline void hand_over_columns(int32_t* count, int columns) {
   atomicAdd(count, columns);
 }
 // GEMM2, before the item's loads: until all `columns` of the row tile are in (acquire; the
-// producers' barrier after it orders the other producer threads' copies).
+// producers' barrier after it orders the other producer threads' copies). The cache operator
+// of a copy is a hint, not a weaker order: the fp8 scales' cp.async.ca reads through L1 are
+// ordered as well (the acquire compiles to LDG.STRONG.GPU with CCTL.IVALL, which drops the
+// SM's L1 lines).
 __device__ inline void wait_for_columns(const int32_t* count, int64_t columns) {
   for (;;) {
     int32_t written;

@@ -172,10 +172,12 @@ int choose_tile_rows(int64_t rows_per_group);
 inline constexpr int kDecodeTileRows = 16;
 // The warp-specialised tile's height (grouped_gemm_specialized.cu).
 inline constexpr int kSpecializedTileRows = 128;
-// Whether GEMM2 takes GEMM1's rows by row tile (GemmGroups::row_tile_columns): both GEMMs on
-// the specialised tile over one tile list, bf16 (GEMM2 reads fp8 scales through L1).
-inline bool hands_over_by_row_tile(const TilePlan& plan, bool fp8) {
-  return !fp8 && plan.tile_rows == kSpecializedTileRows && plan.shared_tiles == 0;
+// Whether the plan lets GEMM2 take GEMM1's rows by row tile (GemmGroups::row_tile_columns):
+// both GEMMs on the specialised tile over one tile list. The call hands over where GEMM1's
+// epilogue also writes all of GEMM2's input (bf16, or fp8 quantised in that epilogue; not
+// where a quantisation pass over the intermediate comes between the two GEMMs).
+inline bool hands_over_by_row_tile(const TilePlan& plan) {
+  return plan.tile_rows == kSpecializedTileRows && plan.shared_tiles == 0;
 }
 // How many ways GEMM2 splits K: where its CTAs (expected_row_tiles x the column tiles of
 // n) fill less than one wave of the CTAs the SMs hold at once (few experts, few tiles, at

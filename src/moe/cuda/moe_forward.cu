@@ -103,7 +103,7 @@ struct WorkspaceLayout {
     take(intermediate_scales, fp8 ? activation_scale_count(spec.quant, slots, widest, groups) : 0);
     take(amax_bits, fp8 ? groups : 0);
     arrival_scopes = spec.quant.scheme == QuantScheme::kFp8Block ? (widest + spec.quant.block_k - 1) / spec.quant.block_k : 0;
-    const int64_t hand_over_counters = cuda::hands_over_by_row_tile(tiles, fp8) ? all_tiles : 0;
+    const int64_t hand_over_counters = cuda::hands_over_by_row_tile(tiles) ? all_tiles : 0;
     pairs.arrival_count = all_tiles * arrival_scopes + hand_over_counters;
     take(pairs.arrivals, pairs.arrival_count);
     row_tile_columns = hand_over_counters > 0 ? pairs.arrivals + all_tiles * arrival_scopes : nullptr;
@@ -363,7 +363,10 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
       q.bf16_copy = false;  // GEMM2 reads the codes
     }
   }
-  gemm1.row_tile_columns = layout.row_tile_columns;
+  // (GEMM2's rows of a row tile are complete once GEMM1's items of it are, unless a separate
+  // quantisation pass comes between.)
+  int32_t* const row_tile_columns = !fp8 || fuse_quantize ? layout.row_tile_columns : nullptr;
+  gemm1.row_tile_columns = row_tile_columns;
   CUDA_CHECK(launch_tile_lists(gemm1, layout, /*gated=*/true, spec.activation, stream));
 
   cuda::GemmGroups gemm2{};
@@ -379,7 +382,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm2.local_experts = static_cast<int>(s.num_local_experts);
   gemm2.c = layout.pair_out;
   gemm2.c_stride = s.hidden;
-  gemm2.row_tile_columns = layout.row_tile_columns;
+  gemm2.row_tile_columns = row_tile_columns;
   if (layout.tiles.k_splits > 1) {
     gemm2.k_splits = layout.tiles.k_splits;
     gemm2.c_partial = layout.pair_out_partials;
