@@ -7,7 +7,9 @@
 #include <random>
 #include <vector>
 
+#include "epmoe/moe_case.h"
 #include "epmoe/moe_cpu.h"
+#include "epmoe/presets.h"
 
 namespace epmoe {
 namespace {
@@ -168,6 +170,36 @@ TEST(Routing, RandomLogitsInvariants) {
       }
       ASSERT_NEAR(sum, grouped ? 2.0 : 1.0, 1e-5) << routing_kind_name(kind);
     }
+  }
+}
+
+// The bench's routing inputs (draw_bench_routing): each set's ids are route_cpu's of its
+// logits, with the drawn bias only where the case has a correction bias; the sets differ,
+// and the same seed draws the same routings.
+TEST(Routing, BenchRoutingIsRouteCpuOfItsLogits) {
+  for (const char* name : {"deepseek-v3", "qwen3-30b-a3b"}) {
+    const ModelPreset& preset = *find_preset(name);
+    RandomCaseOptions options;
+    options.spec = preset.spec;
+    options.correction_bias = preset.correction_bias;
+    options.seed = std::random_device{}();
+    const int64_t T = 37, E = preset.spec.routing.num_experts;
+    const Result<BenchRouting> drawn = draw_bench_routing(options, T, 3);
+    ASSERT_TRUE(drawn.ok()) << drawn.status().message();
+    ASSERT_EQ(drawn->bias.size(), static_cast<size_t>(E));
+    ASSERT_EQ(drawn->logits.size(), 3u);
+    ASSERT_EQ(drawn->ids.size(), 3u);
+    for (int set = 0; set < 3; ++set) {
+      ASSERT_EQ(drawn->logits[set].size(), static_cast<size_t>(T * E));
+      const Routed expected = route(preset.spec.routing, drawn->logits[set],
+                                    preset.correction_bias ? drawn->bias : std::vector<float>{});
+      EXPECT_EQ(drawn->ids[set], expected.ids) << name << " set " << set;
+    }
+    EXPECT_NE(drawn->logits[0], drawn->logits[1]) << name;
+    EXPECT_NE(drawn->ids[0], drawn->ids[1]) << name;
+    const Result<BenchRouting> again = draw_bench_routing(options, T, 3);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->ids, drawn->ids) << name << ": the same seed";
   }
 }
 

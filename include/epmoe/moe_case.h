@@ -56,6 +56,17 @@ struct RandomCaseOptions {
 // stream of its own (global id), quantised the way a checkpoint of the scheme stores them.
 Result<MoeCase> make_random_case(const RandomCaseOptions& options);
 
+// The routing inputs of `epmoe bench`'s GPU timing for `tokens` tokens, from options.seed:
+// a small correction bias (trained biases balance the load; large random ones would not) and
+// `sets` draws of router logits [T, E], each with the top-k ids [T, k] route_cpu gives them
+// (the floor needs the routing). scripts/bench-rows.cpp reads the same routings.
+struct BenchRouting {
+  std::vector<float> bias;                 // [E], applied where the case has a correction bias
+  std::vector<std::vector<float>> logits;  // per set
+  std::vector<std::vector<int32_t>> ids;   // per set
+};
+Result<BenchRouting> draw_bench_routing(const RandomCaseOptions& options, int64_t tokens, int sets);
+
 // Bytes of the weights a case holds (every local expert, shared included).
 int64_t weight_bytes(const MoeCase& moe_case);
 

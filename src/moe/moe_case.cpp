@@ -306,6 +306,27 @@ Result<MoeCase> make_random_case(const RandomCaseOptions& options) {
   return moe_case;
 }
 
+Result<BenchRouting> draw_bench_routing(const RandomCaseOptions& options, int64_t tokens, int sets) {
+  const RoutingSpec& routing = options.spec.routing;
+  const int64_t E = routing.num_experts, k = routing.top_k;
+  BenchRouting drawn;
+  Rng rng(options.seed, 0xb1a5);  // the bias first, then each set's logits
+  drawn.bias.resize(E);
+  for (float& v : drawn.bias) v = rng.centered(0.01f);
+  std::optional<Tensor> bias;
+  if (options.correction_bias) bias = Tensor::contiguous(drawn.bias.data(), DType::kF32, {E});
+  std::vector<float> route_weights(tokens * k);
+  for (int set = 0; set < sets; ++set) {
+    std::vector<float>& logits = drawn.logits.emplace_back(tokens * E);
+    for (float& v : logits) v = rng.centered(1.5f);
+    std::vector<int32_t>& ids = drawn.ids.emplace_back(tokens * k);
+    EPMOE_RETURN_IF_ERROR(route_cpu(routing, Tensor::contiguous(logits.data(), DType::kF32, {tokens, E}), bias,
+                                    Tensor::contiguous(ids.data(), DType::kI32, {tokens, k}),
+                                    Tensor::contiguous(route_weights.data(), DType::kF32, {tokens, k})));
+  }
+  return drawn;
+}
+
 int64_t weight_bytes(const MoeCase& moe_case) {
   int64_t bytes = 0;
   const MoeWeights& w = moe_case.weights;

@@ -21,9 +21,7 @@
 
 #include "bench_cuda.h"
 #include "commands.h"
-#include "core/random.h"
 #include "epmoe/device_case.h"
-#include "epmoe/moe_cpu.h"
 #include "epmoe/moe_cuda.h"
 #include "epmoe/quantize.h"
 
@@ -292,34 +290,23 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
   for (int64_t T : token_counts) {
     RandomCaseOptions options = base;
     options.tokens = T;
-    // Input sets: x on the device, logits drawn here (the floor needs their routing).
+    // Input sets: x on the device, logits drawn and routed on the host (the floor needs their routing).
     std::vector<DeviceBuffer> buffers;
     std::vector<MoeInputs> inputs(kInputSets);
     std::vector<Workload> workloads;
-    std::vector<float> bias(E);
-    Rng rng(base.seed, 0xb1a5);
-    for (float& v : bias) v = rng.centered(0.01f);  // trained biases balance the load; large random ones would not
+    Result<BenchRouting> routing = draw_bench_routing(options, T, kInputSets);
+    if (!routing.ok()) return usage_error("bench", "host routing: " + routing.status().to_string());
     Result<DeviceBuffer> bias_buffer = DeviceBuffer::allocate(E * sizeof(float));
     if (!bias_buffer.ok()) return usage_error("bench", bias_buffer.status().to_string());
-    const Tensor bias_host = Tensor::contiguous(bias.data(), DType::kF32, {E});
-    if (!copy_to_device(bias_host, bias_buffer->data()).ok()) return usage_error("bench", "bias upload failed");
+    if (!copy_to_device(Tensor::contiguous(routing->bias.data(), DType::kF32, {E}), bias_buffer->data()).ok())
+      return usage_error("bench", "bias upload failed");
     for (int set = 0; set < kInputSets; ++set) {
       Result<DeviceBuffer> x = DeviceBuffer::allocate(T * H * 2), logits = DeviceBuffer::allocate(T * E * 4);
       if (!x.ok() || !logits.ok()) return usage_error("bench", "input buffers: out of device memory");
       BENCH_CHECK(fill(x->data(), T * H, 300 + set, 1.0f));
-      Buffer logits_host(DType::kF32, {T, E});
-      for (int64_t i = 0; i < T * E; ++i) logits_host.data_as<float>()[i] = rng.centered(1.5f);
-      if (!copy_to_device(logits_host.view(), logits->data()).ok()) return usage_error("bench", "logits upload failed");
-      std::vector<int32_t> ids(T * base.spec.routing.top_k);
-      std::vector<float> route_weights(ids.size());
-      std::optional<Tensor> host_bias;
-      if (base.correction_bias) host_bias = bias_host;
-      const int64_t k = base.spec.routing.top_k;
-      if (!route_cpu(base.spec.routing, logits_host.view(), host_bias, Tensor::contiguous(ids.data(), DType::kI32, {T, k}),
-                     Tensor::contiguous(route_weights.data(), DType::kF32, {T, k}))
-               .ok())
-        return usage_error("bench", "host routing failed");
-      workloads.push_back(count_workload(options, ids, owned, Is > 0));
+      if (!copy_to_device(Tensor::contiguous(routing->logits[set].data(), DType::kF32, {T, E}), logits->data()).ok())
+        return usage_error("bench", "logits upload failed");
+      workloads.push_back(count_workload(options, routing->ids[set], owned, Is > 0));
       inputs[set].x = Tensor::contiguous(x->data(), DType::kBF16, {T, H}, Device::kCuda);
       inputs[set].router_logits = Tensor::contiguous(logits->data(), DType::kF32, {T, E}, Device::kCuda);
       if (base.correction_bias)
