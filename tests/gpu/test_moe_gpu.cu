@@ -373,11 +373,12 @@ TEST(GpuMoe, SpecializedTileOnEveryWidth) {
 
 // bf16 row tiles run in clusters of two (pairs_row_tiles): a pair of one expert's row tiles
 // shares each B tile, each CTA loading half of it into both (TMA multicast); a pair that
-// straddles two experts loads its own, and an odd count's last tile is paired with a tile of
-// no rows. Mixtral's 8 experts, top-2, routed by hand: rows 300, 0, 520, 128, 0, 257, 61, 0
-// make 3 + 5 + 1 + 3 + 1 = 13 row tiles, so pairs (0,1), (4,5), (8,9) lie in one expert,
-// (2,3), (6,7), (10,11) straddle two, and tile 12 has the empty partner. H = 4096 and I =
-// 1024 put both GEMMs on the 256-wide tile; I = 512 puts GEMM1 on the 128-wide one.
+// straddles two experts loads its own; an odd count's last tile is taken two column tiles a
+// cluster, and with an odd column count the last cluster's second CTA has no rows. Mixtral's
+// 8 experts, top-2, routed by hand: rows 300, 0, 520, 128, 0, 257, 61, 0 make 3 + 5 + 1 + 3
+// + 1 = 13 row tiles, so pairs (0,1), (4,5), (8,9) lie in one expert, (2,3), (6,7), (10,11)
+// straddle two, and tile 12 is the odd one. H = 4096; I = 1024 puts both GEMMs on the
+// 256-wide tile, I = 512 GEMM1 on the 128-wide one, I = 896 GEMM1 on 7 column tiles of 256.
 TEST(GpuMoe, RowTilePairsShareWeightTiles) {
   const std::vector<int> expert_rows = {300, 0, 520, 128, 0, 257, 61, 0};
   std::vector<int32_t> ids;  // expert per pair, in expert order: token t takes ids[t] and ids[t + T]
@@ -392,7 +393,11 @@ TEST(GpuMoe, RowTilePairsShareWeightTiles) {
     ASSERT_NE(topk_ids[2 * t], topk_ids[2 * t + 1]) << "token " << t << ": two different experts";
     topk_weights[2 * t] = weight(rng), topk_weights[2 * t + 1] = weight(rng);
   }
-  for (int64_t intermediate : {1024, 512}) {
+  struct Widths {
+    int64_t intermediate;
+    int gemm1_cols;
+  };
+  for (const auto [intermediate, gemm1_cols] : {Widths{1024, 256}, Widths{512, 128}, Widths{896, 256}}) {
     RandomCaseOptions options = preset_options(*find_preset("mixtral-8x7b"), T, false, 1, 0);
     options.hidden = 4096;
     options.intermediate = intermediate;
@@ -402,8 +407,7 @@ TEST(GpuMoe, RowTilePairsShareWeightTiles) {
     const cuda::TilePlan plan = cuda::plan_tiles(T, 2, routing.num_experts, routing.num_experts, 0, options.hidden,
                                                  options.intermediate);
     ASSERT_EQ(plan.tile_rows, 128) << "the case no longer covers what it names";
-    ASSERT_EQ(cuda::specialized_tile_cols(false, true, plan.likely_tiles, intermediate, options.hidden, 1),
-              intermediate == 1024 ? 256 : 128)
+    ASSERT_EQ(cuda::specialized_tile_cols(false, true, plan.likely_tiles, intermediate, options.hidden, 1), gemm1_cols)
         << "GEMM1 of I = " << intermediate;
     ASSERT_EQ(cuda::specialized_tile_cols(false, false, plan.likely_tiles, options.hidden, intermediate, plan.k_splits),
               256)

@@ -231,11 +231,13 @@ template <typename Tile, bool kGated>
 __host__ __device__ bool pairs_row_tiles(const GemmGroups& groups) {
   return !Tile::kFp8 && (groups.n_shared == 0 || (groups.n_shared == groups.n && groups.k_shared == groups.k));
 }
-// Row tiles the grid walks for `tiles` of the list: with row pairs an even count (an odd
-// count's last tile has a partner of no rows).
+// The work items of `tiles` row tiles over `columns` column tiles: one per (row tile, column
+// tile), and with row pairs an odd column count's last cluster on an odd count's last tile
+// has a CTA of no rows (the kernel's place_of). Never fewer for more tiles: the launch sizes
+// the grid by max_tiles.
 template <typename Count>
-__host__ __device__ Count grid_row_tiles(Count tiles, bool row_pairs) {
-  return row_pairs ? (tiles + 1) / 2 * 2 : tiles;
+__host__ __device__ Count specialized_items(Count tiles, Count columns, bool row_pairs) {
+  return row_pairs && tiles % 2 == 1 ? (tiles - 1) * columns + (columns + 1) / 2 * 2 : tiles * columns;
 }
 // Column tiles per row tile in the grid: over the wider group's output columns, an even
 // count when they are paired.
@@ -360,8 +362,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // made. This CTA takes every gridDim.x-th. A cluster of two takes every (gridDim.x / 2)-th
   // pair of items, its CTAs one each: two neighbouring column tiles (column_pairs), or row
   // tiles 2 r and 2 r + 1 at one column tile (row_pairs: items 2 c and 2 c + 1 are the pair
-  // c of the list of (row tile pair, column tile); an odd count's last row tile is paired
-  // with a tile of no rows, which loads its half of B and writes nothing).
+  // c of the list of (row tile pair, column tile); an odd count's last row tile, which has
+  // no partner to share B with, is taken two neighbouring column tiles a cluster, each CTA
+  // loading its own B: paired with a tile of no rows, one SM of the two idled on half its
+  // items).
   // (int: the launch keeps max_tiles x column_tiles within it. In shared memory, read in each
   // loop's test: held in a register, the wide e4m3 consumer spilled it.)
   __shared__ int items, tiles_made;
@@ -375,22 +379,32 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // b_to_pair: the row pair's tiles share B (one expert's), so each CTA loads one half for both.
   struct Place {
     RowTile tile;
-    int tile_index;  // in the list; -1: the odd count's partner
+    int tile_index;  // in the list; -1: a CTA of no rows (an odd column count's last cluster)
     int64_t out_cols, column_tile, first_col, b_rows[2];
     int first_k_tile, k_tiles;
     bool b_to_pair;
   };
   auto place_of = [&](int item) {
     const int columns = static_cast<int>(column_tiles);
-    const int tile = row_pairs ? item / 2 / columns * 2 + item % 2 : item / columns;
-    const bool beyond = tile >= tiles_made;  // the odd count's partner
-    Place p{row_tile(groups, layout, beyond ? tile - 1 : tile)};
-    if (beyond) p.tile.group_end = p.tile.first_slot;
-    p.tile_index = beyond ? -1 : tile;
-    const int partner = tile ^ 1;
-    p.b_to_pair = row_pairs && (beyond || partner >= tiles_made || layout.tile_group[partner] == p.tile.group);
+    const int pair_row = item / 2 / columns;
+    const bool lone = row_pairs && 2 * pair_row + 1 == tiles_made;  // the odd count's last tile
+    int tile = row_pairs ? pair_row * 2 + item % 2 : item / columns;
+    int column_tile = (row_pairs ? item / 2 : item) % columns;
+    bool no_rows = false;
+    if (lone) {
+      tile = 2 * pair_row;
+      column_tile = 2 * (item / 2 - pair_row * columns) + item % 2;
+      // An odd column count's last cluster has one column tile for two CTAs: the second runs
+      // the K loop beside the first (the pair's stages are refilled in lockstep) and writes nothing.
+      no_rows = column_tile == columns;
+      if (no_rows) column_tile = columns - 1;
+    }
+    Place p{row_tile(groups, layout, tile)};
+    if (no_rows) p.tile.group_end = p.tile.first_slot;
+    p.tile_index = no_rows ? -1 : tile;
+    p.b_to_pair = row_pairs && !lone && layout.tile_group[tile ^ 1] == p.tile.group;
     p.out_cols = kGated ? p.tile.n / 2 : p.tile.n;
-    p.column_tile = (row_pairs ? item / 2 : item) % columns;
+    p.column_tile = column_tile;
     p.first_col = p.column_tile * cols_per_tile;
     p.b_rows[0] = p.first_col;
     p.b_rows[1] = kGated ? p.out_cols + p.first_col : p.first_col + Tile::kCols / 2;
@@ -409,7 +423,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 
   if (threadIdx.x == 0) {
     tiles_made = *layout.tile_count;
-    items = grid_row_tiles(tiles_made, row_pairs) * static_cast<int>(column_tiles);
+    items = specialized_items(tiles_made, static_cast<int>(column_tiles), row_pairs);
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&control.full[s], Tile::kProducerThreads + 1);  // + the arrival that sets the B bytes
       // every consumer warp, and with row pairs the partner's (its producer writes here too)
@@ -792,7 +806,7 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
   const unsigned unit = column_pairs || row_pairs ? 2 : 1;  // CTAs a cluster
   const auto [resident_error, resident_count] = resident[unit - 1];
   if (resident_error != cudaSuccess) return resident_error;
-  const int64_t items = grid_row_tiles(max_tiles, row_pairs) * specialized_column_tiles<Tile, kGated>(groups);
+  const int64_t items = specialized_items(max_tiles, specialized_column_tiles<Tile, kGated>(groups), row_pairs);
   if (items > std::numeric_limits<int32_t>::max()) return cudaErrorInvalidConfiguration;  // the kernel counts them in int
   const int64_t ctas = std::min(items, std::max<int64_t>(resident_count / groups.k_splits, unit)) / unit * unit;
   return launch_kernel_in_clusters(Start::kEarly, unit, kernel,
