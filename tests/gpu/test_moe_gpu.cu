@@ -371,15 +371,10 @@ TEST(GpuMoe, SpecializedTileOnEveryWidth) {
     }
 }
 
-// bf16 row tiles run in clusters of two (pairs_row_tiles): a pair of one expert's row tiles
-// shares each B tile, each CTA loading half of it into both (TMA multicast); a pair that
-// straddles two experts loads its own; an odd count's last tile is taken two column tiles a
-// cluster, and with an odd column count the last cluster's second CTA has no rows. Mixtral's
-// 8 experts, top-2, routed by hand: rows 300, 0, 520, 128, 0, 257, 61, 0 make 3 + 5 + 1 + 3
-// + 1 = 13 row tiles, so pairs (0,1), (4,5), (8,9) lie in one expert, (2,3), (6,7), (10,11)
-// straddle two, and tile 12 is the odd one. H = 4096; I = 1024 puts both GEMMs on the
-// 256-wide tile, I = 512 GEMM1 on the 128-wide one, I = 896 GEMM1 on 7 column tiles of 256.
-TEST(GpuMoe, RowTilePairsShareWeightTiles) {
+// Mixtral's 8 experts, top-2, routed by hand: rows 300, 0, 520, 128, 0, 257, 61, 0 make
+// 3 + 5 + 1 + 3 + 1 = 13 row tiles of 128, two of the experts none. Random x, weights and
+// router weights at the given sizes.
+MoeCase routed_by_hand(int64_t hidden, int64_t intermediate, QuantScheme scheme) {
   const std::vector<int> expert_rows = {300, 0, 520, 128, 0, 257, 61, 0};
   std::vector<int32_t> ids;  // expert per pair, in expert order: token t takes ids[t] and ids[t + T]
   for (int e = 0; e < static_cast<int>(expert_rows.size()); ++e) ids.insert(ids.end(), expert_rows[e], e);
@@ -390,34 +385,62 @@ TEST(GpuMoe, RowTilePairsShareWeightTiles) {
   std::uniform_real_distribution<float> weight(0.1f, 0.9f);
   for (int64_t t = 0; t < T; ++t) {
     topk_ids[2 * t] = ids[t], topk_ids[2 * t + 1] = ids[t + T];
-    ASSERT_NE(topk_ids[2 * t], topk_ids[2 * t + 1]) << "token " << t << ": two different experts";
+    EXPECT_NE(topk_ids[2 * t], topk_ids[2 * t + 1]) << "token " << t << ": two different experts";
     topk_weights[2 * t] = weight(rng), topk_weights[2 * t + 1] = weight(rng);
   }
+  RandomCaseOptions options = preset_options(*find_preset("mixtral-8x7b"), T, false, 1, 0);
+  options.spec.quant.scheme = scheme;
+  options.hidden = hidden;
+  options.intermediate = intermediate;
+  MoeCase host = host_case(options);
+  host.inputs.router_logits.reset();
+  auto ids_storage = std::make_shared<std::vector<int32_t>>(std::move(topk_ids));
+  auto weights_storage = std::make_shared<std::vector<float>>(std::move(topk_weights));
+  host.inputs.topk_ids = Tensor::contiguous(ids_storage->data(), DType::kI32, {T, 2});
+  host.inputs.topk_weights = Tensor::contiguous(weights_storage->data(), DType::kF32, {T, 2});
+  host.storage.push_back(std::move(ids_storage));
+  host.storage.push_back(std::move(weights_storage));
+  return host;
+}
+
+// bf16 row tiles run in clusters of two (pairs_row_tiles): a pair of one expert's row tiles
+// shares each B tile, each CTA loading half of it into both (TMA multicast); a pair that
+// straddles two experts loads its own; an odd count's last tile is taken two column tiles a
+// cluster, and with an odd column count the last cluster's second CTA has no rows. On
+// routed_by_hand's 13 row tiles pairs (0,1), (4,5), (8,9) lie in one expert, (2,3), (6,7),
+// (10,11) straddle two, and tile 12 is the odd one. H = 4096; I = 1024 puts both GEMMs on the
+// 256-wide tile, I = 512 GEMM1 on the 128-wide one, I = 896 GEMM1 on 7 column tiles of 256.
+TEST(GpuMoe, RowTilePairsShareWeightTiles) {
   struct Widths {
     int64_t intermediate;
     int gemm1_cols;
   };
   for (const auto [intermediate, gemm1_cols] : {Widths{1024, 256}, Widths{512, 128}, Widths{896, 256}}) {
-    RandomCaseOptions options = preset_options(*find_preset("mixtral-8x7b"), T, false, 1, 0);
-    options.hidden = 4096;
-    options.intermediate = intermediate;
-    const RoutingSpec& routing = options.spec.routing;
-    ASSERT_EQ(routing.num_experts, static_cast<int64_t>(expert_rows.size()));
-    ASSERT_EQ(routing.top_k, 2);
-    const cuda::TilePlan plan = cuda::plan_tiles(T, 2, routing.num_experts, routing.num_experts, 0, options.hidden,
-                                                 options.intermediate);
+    const MoeCase host = routed_by_hand(4096, intermediate, QuantScheme::kBf16);
+    const int64_t T = host.inputs.x.shape[0];
+    const cuda::TilePlan plan = cuda::plan_tiles(T, 2, 8, 8, 0, 4096, intermediate);
     ASSERT_EQ(plan.tile_rows, 128) << "the case no longer covers what it names";
-    ASSERT_EQ(cuda::specialized_tile_cols(false, true, plan.likely_tiles, intermediate, options.hidden, 1), gemm1_cols)
+    ASSERT_EQ(cuda::specialized_tile_cols(false, true, plan.likely_tiles, intermediate, 4096, 1), gemm1_cols)
         << "GEMM1 of I = " << intermediate;
-    ASSERT_EQ(cuda::specialized_tile_cols(false, false, plan.likely_tiles, options.hidden, intermediate, plan.k_splits),
-              256)
+    ASSERT_EQ(cuda::specialized_tile_cols(false, false, plan.likely_tiles, 4096, intermediate, plan.k_splits), 256)
         << "GEMM2 of I = " << intermediate;
-    MoeCase host = host_case(options);
-    host.inputs.router_logits.reset();
-    host.inputs.topk_ids = Tensor::contiguous(topk_ids.data(), DType::kI32, {T, 2});
-    host.inputs.topk_weights = Tensor::contiguous(topk_weights.data(), DType::kF32, {T, 2});
     expect_gpu_matches_cpu(host, "row pairs, I " + std::to_string(intermediate), 1e-2);
   }
+}
+
+// e4m3 items run group by group, an expert's row tiles fastest, where a round of the grid
+// covers fewer than two row tiles in list order: routed_by_hand's experts (3, 5, 1, 3 and 1
+// row tiles, two with none) with I = 16384 give GEMM1 128 column tiles of 256 (or 128 pairs
+// of 128) for at most 132 CTAs (66 clusters); GEMM2 (N = H = 256) keeps list order.
+TEST(GpuMoe, Fp8ItemsRunGroupByGroupWhereColumnTilesAreMany) {
+  const int64_t hidden = 256, intermediate = 16384;
+  const MoeCase host = routed_by_hand(hidden, intermediate, QuantScheme::kFp8Block);
+  const int64_t T = host.inputs.x.shape[0];
+  const cuda::TilePlan plan = cuda::plan_tiles(T, 2, 8, 8, 0, hidden, intermediate);
+  ASSERT_EQ(plan.tile_rows, 128) << "the case no longer covers what it names";
+  const int cols = cuda::specialized_tile_cols(true, true, plan.likely_tiles, intermediate, hidden, 1);
+  ASSERT_GT(2 * intermediate / (cols / 2), cuda::multiprocessor_count()) << "GEMM1: a round covers two row tiles";
+  expect_gpu_matches_cpu(host, "fp8_block, group by group", 3e-2);
 }
 
 TEST(GpuMoe, Fp8BlockAtFullHiddenSize) {
