@@ -192,6 +192,27 @@ __device__ inline int32_t scale_index(const ScaleGrid& grid, int64_t n, int grou
   return static_cast<int32_t>((n / grid.block_n) * grid.row_stride + group * grid.group_stride);
 }
 
+// The hand-over by row tile (GemmGroups::row_tile_columns), on the specialised and the decode
+// tile. GEMM1, once every thread of the epilogue has written the item (after a barrier): the
+// columns it completed, released at GPU scope (the barrier orders the other threads' stores
+// before this thread's fence).
+__device__ inline void hand_over_columns(int32_t* count, int columns) {
+  __threadfence();
+  atomicAdd(count, columns);
+}
+// GEMM2, before the item's A loads: until all `columns` of the row tile are in (acquire; a
+// barrier after it orders the other threads' copies). The cache operator of a copy is a
+// hint, not a weaker order: cp.async.ca reads through L1 are ordered as well (the acquire
+// compiles to LDG.STRONG.GPU with CCTL.IVALL, which drops the SM's L1 lines).
+__device__ inline void wait_for_columns(const int32_t* count, int64_t columns) {
+  for (;;) {
+    int32_t written;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(written) : "l"(count) : "memory");
+    if (written >= columns) return;
+    __nanosleep(200);
+  }
+}
+
 // Synchronises the `threads` threads of a CTA that run an epilogue, on named barrier 1.
 __device__ inline void sync_epilogue(int threads) { asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory"); }
 
@@ -202,8 +223,9 @@ __device__ inline void sync_epilogue(int threads) { asm volatile("bar.sync 1, %0
 // + rows), columns [first_col, + tile_cols) of c) are written. The last CTA of the scope to
 // arrive quantises the scope: a group of 128 columns, or its own tile under a static scale,
 // so at most 128 values per row, held in registers; each warp loads kBatch rows at once
-// (the loads of this tail are exposed at decode sizes).
-__device__ inline void quantize_output(const EpilogueQuantize& q, int32_t* arrivals, const uint16_t* c,
+// (the loads of this tail are exposed at decode sizes). Returns the columns this CTA
+// quantised (the scope's, for the hand-over by row tile), 0 where another CTA will.
+__device__ inline int quantize_output(const EpilogueQuantize& q, int32_t* arrivals, const uint16_t* c,
                                        int64_t c_stride, int tile,
                                        int32_t first_slot, int rows, int64_t first_col, int tile_cols,
                                        int64_t out_cols, int thread, int threads) {
@@ -217,7 +239,7 @@ __device__ inline void quantize_output(const EpilogueQuantize& q, int32_t* arriv
   if (thread == 0)
     last = writers == 1 || atomicAdd(arrivals + tile * q.scopes_per_tile + begin / q.group, 1) == writers - 1;
   sync_epilogue(threads);
-  if (!last) return;
+  if (!last) return 0;
   __threadfence();
   constexpr int kBatch = 4;
   const int warps = threads / 32, warp = thread / 32, lane = thread % 32;
@@ -240,6 +262,7 @@ __device__ inline void quantize_output(const EpilogueQuantize& q, int32_t* arriv
       }
     }
   }
+  return static_cast<int>(width);
 }
 
 }  // namespace epmoe::cuda

@@ -125,19 +125,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   using Op = Operand<kFp8>;
   extern __shared__ __align__(128) uint8_t shared_raw[];
   uint8_t* shared_tiles = aligned_tiles(shared_raw);
-  allow_successor();
-  // GEMM1 on the decode tile: the shared group's tiles (the first early_shared_tiles of the
-  // list) come first in the grid, every column of one, then of the next, and start at once:
+  // The decode tile's hand-over by row tile (GemmGroups::row_tile_columns): GEMM2 does not
+  // wait for GEMM1's grid but for each row tile's columns, so the shared expert's GEMM2 runs
+  // while the routed experts' GEMM1 still streams. GEMM2 reads the sort's layout without a
+  // wait of its own: GEMM1 lets it launch only from past the wait for the sort.
+  const bool hands_over = groups.row_tile_columns != nullptr;
+  if (!kGated || !hands_over) allow_successor();
+  // On the decode tile the shared group's tiles (the first early_shared_tiles of the list)
+  // come first in the grid, every column of one, then of the next. GEMM1's start at once:
   // they read x (or its codes) and the weights, complete before the route started, and
   // write slots (and arrival counters) nothing else touches before GEMM2, so they stream the
-  // shared expert's weights while the route and the sort run. The other CTAs keep the grid's
+  // shared expert's weights while the route and the sort run. GEMM2's (with the hand-over)
+  // take the SMs before the routed tiles', which wait longer. The other CTAs keep the grid's
   // order (row tiles fastest) and wait for the sort. Measured (ep=8, docs/KERNELS.md, twelfth
   // session): deepseek-v3 T=1 bf16 -16.8%, fp8_block -17.6%, llama4-scout bf16 -8.4%; on the
   // medium tile +3 to +7% at T=256-1024.
   int tile = blockIdx.x, column_tile = blockIdx.y;
   bool early = false;
-  if constexpr (kGated && Cfg::kRows == kDecodeTileRows) {
-    if (const int early_tiles = groups.early_shared_tiles; early_tiles > 0) {
+  const int early_tiles = groups.early_shared_tiles;
+  if constexpr (Cfg::kRows == kDecodeTileRows) {
+    if (early_tiles > 0 && (kGated || hands_over)) {
       const int position = blockIdx.x + gridDim.x * blockIdx.y, early_ctas = early_tiles * gridDim.y;
       early = position < early_ctas;
       const int later = position - early_ctas, later_tiles = gridDim.x - early_tiles;
@@ -145,8 +152,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
       column_tile = early ? position / early_tiles : later / later_tiles;
     }
   }
+  // (Early GEMM1 CTAs let GEMM2 launch at once where later ones exist to hold it back.)
+  if (kGated && hands_over && early && static_cast<int>(gridDim.x) > early_tiles) allow_successor();
   if (!early) {
-    wait_for_predecessor();
+    if (kGated || !hands_over) wait_for_predecessor();
+    if (kGated && hands_over) allow_successor();
     if (tile >= *layout.tile_count) return;
   }
   const RowTile this_tile = early ? early_shared_tile(groups, tile, Cfg::kRows) : row_tile(groups, layout, tile);
@@ -190,24 +200,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
     b_source[i] = row >= 0 ? B + row * K * Op::kBytes + chunk * 16 : nullptr;
   }
 
-  auto load_stage = [&](int stage, int64_t k0) {
+  auto load_stage_a = [&](int stage, int64_t k0) {
     uint8_t* a_tile = shared_tiles + stage * Cfg::kStageBytes;
-    uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
     const bool k_valid = k0 + chunk * (16 / Op::kBytes) < K;
-    const int64_t k_offset = k0 * Op::kBytes;
 #pragma unroll
     for (int i = 0; i < (kAChunks > 0 ? kAChunks : 1); ++i) {
       const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
       if (row >= Cfg::kRows) continue;
       const bool valid = a_source[i] && k_valid;
-      copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + k_offset : A, valid);
+      copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + k0 * Op::kBytes : A, valid);
     }
+  };
+  auto load_stage_b = [&](int stage, int64_t k0) {
+    uint8_t* b_tile = shared_tiles + stage * Cfg::kStageBytes + Cfg::kRows * kRowBytes;
+    const bool k_valid = k0 + chunk * (16 / Op::kBytes) < K;
 #pragma unroll
     for (int i = 0; i < kBChunks; ++i) {
       const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
       const bool valid = b_source[i] && k_valid;
-      copy_async(b_tile + swizzled(row, chunk), valid ? b_source[i] + k_offset : B, valid);
+      copy_async(b_tile + swizzled(row, chunk), valid ? b_source[i] + k0 * Op::kBytes : B, valid);
     }
+  };
+  auto load_stage = [&](int stage, int64_t k0) {
+    load_stage_a(stage, k0);
+    load_stage_b(stage, k0);
   };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -320,8 +336,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   // Split K (blockIdx.z of gridDim.z): this CTA sums K tiles [first_k_tile, + k_tiles).
   const auto [first_k_tile, k_tiles] =
       split_k_tiles(K, Op::kDepth, static_cast<int>(blockIdx.z), static_cast<int>(gridDim.z));
+  // GEMM2 with the hand-over: the ring's first weight stages stream in while the row tile's
+  // intermediate is still being written (they join the first stage's copy group).
+  const bool waits_for_columns = !kGated && hands_over;
+  if (waits_for_columns) {
+    for (int s = 0; s < min(Cfg::kStages - 1, k_tiles); ++s)
+      load_stage_b(s, static_cast<int64_t>(first_k_tile + s) * Op::kDepth);
+    if (threadIdx.x == 0) wait_for_columns(&groups.row_tile_columns[tile], K);
+    __syncthreads();
+  }
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, static_cast<int64_t>(first_k_tile + s) * Op::kDepth);
+    if (s < k_tiles) {
+      if (waits_for_columns) {
+        load_stage_a(s, static_cast<int64_t>(first_k_tile + s) * Op::kDepth);
+      } else {
+        load_stage(s, static_cast<int64_t>(first_k_tile + s) * Op::kDepth);
+      }
+    }
     asm volatile("cp.async.commit_group;\n");
   }
   if constexpr (kPerKTile)
@@ -467,13 +498,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
       }
     }
   }
-  if constexpr (kGated && kFp8) {
-    static_assert(128 % (Cfg::kCols / 2) == 0 && Cfg::kCols / 2 <= 128,
-                  "a group of 128 columns (GPU fp8_block) spans whole column tiles, and a tile fits in registers");
-    if (groups.quantize.codes)
-      quantize_output(groups.quantize, layout.arrivals, groups.c, groups.c_stride, tile, first_slot,
-                      min(Cfg::kRows, group_end - first_slot), first_col, Cfg::kCols / 2, out_cols, threadIdx.x,
-                      Cfg::kThreads);
+  if constexpr (kGated) {
+    // The columns of the row tile this CTA completes for GEMM2: those it wrote, or with the
+    // fused quantisation those it quantised.
+    int completed = static_cast<int>(min(int64_t{Cfg::kCols / 2}, out_cols - first_col));
+    if constexpr (kFp8) {
+      static_assert(128 % (Cfg::kCols / 2) == 0 && Cfg::kCols / 2 <= 128,
+                    "a group of 128 columns (GPU fp8_block) spans whole column tiles, and a tile fits in registers");
+      if (groups.quantize.codes)
+        completed = quantize_output(groups.quantize, layout.arrivals, groups.c, groups.c_stride, tile, first_slot,
+                                    min(Cfg::kRows, group_end - first_slot), first_col, Cfg::kCols / 2, out_cols,
+                                    threadIdx.x, Cfg::kThreads);
+    }
+    if (hands_over) {
+      if (early) wait_for_predecessor();  // for the kernel before GEMM1 that zeroes the counters
+      __syncthreads();
+      if (threadIdx.x == 0 && completed > 0) hand_over_columns(&groups.row_tile_columns[tile], completed);
+    }
   }
 }
 

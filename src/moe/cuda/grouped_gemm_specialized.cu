@@ -303,27 +303,6 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
 __device__ inline void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(256) : "memory"); }
 __device__ inline void producers_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(128) : "memory"); }
 
-// The hand-over by row tile (GemmGroups::row_tile_columns). GEMM1, once every consumer has
-// written the item: the columns it wrote, released at GPU scope (the barrier orders the other
-// threads' stores before this thread's fence).
-__device__ inline void hand_over_columns(int32_t* count, int columns) {
-  __threadfence();
-  atomicAdd(count, columns);
-}
-// GEMM2, before the item's loads: until all `columns` of the row tile are in (acquire; the
-// producers' barrier after it orders the other producer threads' copies). The cache operator
-// of a copy is a hint, not a weaker order: the fp8 scales' cp.async.ca reads through L1 are
-// ordered as well (the acquire compiles to LDG.STRONG.GPU with CCTL.IVALL, which drops the
-// SM's L1 lines).
-__device__ inline void wait_for_columns(const int32_t* count, int64_t columns) {
-  for (;;) {
-    int32_t written;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(written) : "l"(count) : "memory");
-    if (written >= columns) return;
-    __nanosleep(200);
-  }
-}
-
 // 4 bytes global -> shared (a scale), through L1.
 __device__ inline void copy_scale_async(float* destination, const float* source) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(destination)), "l"(source));

@@ -123,9 +123,10 @@ struct GemmGroups {
   int64_t n_shared, k_shared;
   int local_experts;         // groups below this are local experts, the next one is shared
   int32_t shared_first_slot = 0, shared_rows = 0;  // the shared group's slots (sort_pairs: T k, T)
-  // GEMM1: the first early_shared_tiles row tiles of the main list are the shared group's
+  // The first early_shared_tiles row tiles of the main list are the shared group's
   // (sort_pairs puts them there), whose CTAs need nothing the route or the sort writes:
-  // grouped_gemm.cu's decode tile starts them first and without waiting for the sort.
+  // grouped_gemm.cu's decode tile starts them first, GEMM1's without waiting for the sort,
+  // GEMM2's (only with the hand-over by row tile) without reading the layout.
   int early_shared_tiles = 0;
   uint16_t* c;               // [slots, c_stride]
   int64_t c_stride;
@@ -138,12 +139,13 @@ struct GemmGroups {
   bool fp8 = false;
   ScaleGrid a_routed_scale, a_shared_scale, b_routed_scale, b_shared_scale;
   EpilogueQuantize quantize;  // gated fp8 only
-  // The specialised tile's hand-over from GEMM1 to GEMM2 by row tile (hands_over_by_row_tile):
-  // GEMM1 adds the output columns each of its items wrote to row_tile_columns[row tile] once
-  // they are written; GEMM2 does not wait for GEMM1 to finish, but before it loads an item's
-  // A waits for its row tile's count to reach K (the whole intermediate of those rows). Its
-  // items then run on the SMs that GEMM1's last round leaves idle. Zeroed by sort_pairs (the
-  // end of PairLayout::arrivals). Null: GEMM2 waits for all of GEMM1.
+  // The hand-over from GEMM1 to GEMM2 by row tile (hands_over_by_row_tile), on the specialised
+  // and the decode tile: GEMM1 adds the output columns each of its items completed to
+  // row_tile_columns[row tile] once they are written (and quantised); GEMM2 does not wait for
+  // GEMM1 to finish, but before it loads an item's A waits for its row tile's count to reach
+  // K (the whole intermediate of those rows). Its items then run on the SMs that GEMM1's last
+  // round leaves idle (decode: the shared expert's GEMM2 beside the routed experts' GEMM1).
+  // Zeroed with PairLayout::arrivals (their end). Null: GEMM2 waits for all of GEMM1.
   int32_t* row_tile_columns = nullptr;
 };
 // gated: B rows are [gate; up] (N = 2 I) and C[slot, i] = act(gate_i) * up_i, i < I.
@@ -173,11 +175,15 @@ inline constexpr int kDecodeTileRows = 16;
 // The warp-specialised tile's height (grouped_gemm_specialized.cu).
 inline constexpr int kSpecializedTileRows = 128;
 // Whether the plan lets GEMM2 take GEMM1's rows by row tile (GemmGroups::row_tile_columns):
-// both GEMMs on the specialised tile over one tile list. The call hands over where GEMM1's
-// epilogue also writes all of GEMM2's input (bf16, or fp8 quantised in that epilogue; not
-// where a quantisation pass over the intermediate comes between the two GEMMs).
-inline bool hands_over_by_row_tile(const TilePlan& plan) {
-  return plan.tile_rows == kSpecializedTileRows && plan.shared_tiles == 0;
+// both GEMMs over one tile list, on the specialised tile, or (fp8) on the decode tile. The
+// call hands over where GEMM1's epilogue also writes all of GEMM2's input (bf16, or fp8
+// quantised in that epilogue; not where a quantisation pass over the intermediate comes
+// between the two GEMMs). On the decode tile, measured at ep=8 (docs/KERNELS.md, eighteenth
+// session): e4m3 T=1-64 -3 to -9% on qwen3-235b-a22b, qwen3-30b-a3b and mixtral-8x7b; bf16
+// +2 to +9% at T=1 (its 16-stage GEMM1 CTAs fill an SM, so GEMM2's find no room beside them).
+inline bool hands_over_by_row_tile(const TilePlan& plan, bool fp8) {
+  return (plan.tile_rows == kSpecializedTileRows || (fp8 && plan.tile_rows == kDecodeTileRows)) &&
+         plan.shared_tiles == 0;
 }
 // How many ways GEMM2 splits K: where its CTAs (expected_row_tiles x the column tiles of
 // n) fill less than one wave of the CTAs the SMs hold at once (few experts, few tiles, at

@@ -103,7 +103,7 @@ struct WorkspaceLayout {
     take(intermediate_scales, fp8 ? activation_scale_count(spec.quant, slots, widest, groups) : 0);
     take(amax_bits, fp8 ? groups : 0);
     arrival_scopes = spec.quant.scheme == QuantScheme::kFp8Block ? (widest + spec.quant.block_k - 1) / spec.quant.block_k : 0;
-    const int64_t hand_over_counters = cuda::hands_over_by_row_tile(tiles) ? all_tiles : 0;
+    const int64_t hand_over_counters = cuda::hands_over_by_row_tile(tiles, fp8) ? all_tiles : 0;
     pairs.arrival_count = all_tiles * arrival_scopes + hand_over_counters;
     take(pairs.arrivals, pairs.arrival_count);
     row_tile_columns = hand_over_counters > 0 ? pairs.arrivals + all_tiles * arrival_scopes : nullptr;
@@ -383,6 +383,12 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm2.c = layout.pair_out;
   gemm2.c_stride = s.hidden;
   gemm2.row_tile_columns = row_tile_columns;
+  // With the hand-over, the decode tile's GEMM2 takes the shared group's tiles first too.
+  if (row_tile_columns && layout.tiles.tile_rows == cuda::kDecodeTileRows) {
+    gemm2.early_shared_tiles = static_cast<int>(layout.tiles.shared_main_tiles);
+    gemm2.shared_first_slot = gemm1.shared_first_slot;
+    gemm2.shared_rows = gemm1.shared_rows;
+  }
   if (layout.tiles.k_splits > 1) {
     gemm2.k_splits = layout.tiles.k_splits;
     gemm2.c_partial = layout.pair_out_partials;
