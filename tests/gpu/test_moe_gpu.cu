@@ -527,10 +527,10 @@ TEST(GpuMoe, AllTokensToOneExpertAndEmptyExperts) {
 // Replays of one captured call on new inputs, so new routings: every counter a call uses is
 // zeroed by the call itself. At 4 tokens the decode tile, at 64 the medium one; at 2048 both
 // GEMMs on the specialised tile. On the specialised tile (and with fp8 the decode tile) GEMM2
-// takes GEMM1's rows by row tile (bf16, fp8_block, and fp8_tensor with the checkpoint's static scales;
-// GemmGroups::row_tile_columns: a count left over from the last replay would let GEMM2 read
-// rows GEMM1 has not written yet), or, with a dynamic per-tensor scale, after the
-// quantisation pass over all of GEMM1's output.
+// takes GEMM1's rows by row tile (bf16, fp8_block, and fp8_tensor with the checkpoint's
+// static scales; GemmGroups::row_tile_columns: a count left over from the last replay would
+// let GEMM2 read rows GEMM1 has not written yet), or, with a dynamic per-tensor scale, after
+// the quantisation pass over all of GEMM1's output.
 TEST(GpuMoe, CudaGraphReplaysOnNewInputs) {
   struct Scheme {
     QuantScheme scheme;

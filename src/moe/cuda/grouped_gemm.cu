@@ -127,8 +127,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   uint8_t* shared_tiles = aligned_tiles(shared_raw);
   // The decode tile's hand-over by row tile (GemmGroups::row_tile_columns; e4m3 only,
   // hands_over_by_row_tile): GEMM2 does not wait for GEMM1's grid but for each row tile's
-  // columns, so a row tile's GEMM2 runs while other experts' GEMM1 still streams. GEMM2 reads the sort's layout without a
-  // wait of its own: GEMM1 lets it launch only from past the wait for the sort.
+  // columns, so a row tile's GEMM2 runs while other experts' GEMM1 still streams. GEMM2
+  // reads the sort's layout without a wait of its own: GEMM1 lets it launch only from past
+  // the wait for the sort.
   const bool hands_over = groups.row_tile_columns != nullptr;
   if (!kGated || !hands_over) allow_successor();
   // On the decode tile the shared group's tiles (the first early_shared_tiles of the list)

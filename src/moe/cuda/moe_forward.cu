@@ -380,15 +380,14 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm2.n_shared = shared ? s.hidden : 0;
   gemm2.k_shared = s.shared_intermediate;
   gemm2.local_experts = static_cast<int>(s.num_local_experts);
+  gemm2.shared_first_slot = gemm1.shared_first_slot;
+  gemm2.shared_rows = gemm1.shared_rows;
   gemm2.c = layout.pair_out;
   gemm2.c_stride = s.hidden;
   gemm2.row_tile_columns = row_tile_columns;
   // With the hand-over, the decode tile's GEMM2 takes the shared group's tiles first too.
-  if (row_tile_columns && layout.tiles.tile_rows == cuda::kDecodeTileRows) {
+  if (row_tile_columns && layout.tiles.tile_rows == cuda::kDecodeTileRows)
     gemm2.early_shared_tiles = static_cast<int>(layout.tiles.shared_main_tiles);
-    gemm2.shared_first_slot = gemm1.shared_first_slot;
-    gemm2.shared_rows = gemm1.shared_rows;
-  }
   if (layout.tiles.k_splits > 1) {
     gemm2.k_splits = layout.tiles.k_splits;
     gemm2.c_partial = layout.pair_out_partials;
