@@ -282,8 +282,10 @@ class NcclCommunicator final : public Communicator {
   // The watchdog: retires completed collectives in order, and fails the communicator on
   // NCCL's asynchronous error, a CUDA error, or a collective past its deadline.
   void watch() {
-    cudaSetDevice(options_.device);
+    const cudaError_t device_set = cudaSetDevice(options_.device);
     std::unique_lock lock(mutex_);
+    // (Its event queries would ask another device: the communicator fails instead.)
+    if (device_set != cudaSuccess) (void)fail_locked(cuda_failure("the watchdog's cudaSetDevice", device_set).message());
     while (true) {
       changed_.wait(lock, [&] { return stopping_ || (!pending_.empty() && !failed_); });
       if (stopping_) return;

@@ -75,23 +75,27 @@ struct DeviceCeilings {
   double bytes_per_second = 0, flops_per_second = 0;
 };
 
+// The median time in ms of `repeats` runs of work(i) on the default stream, by CUDA events;
+// an error of the event calls, or one the work left (cudaGetLastError), fails it.
 template <typename Work>
-float median_ms(int repeats, Work work) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
+Result<float> median_ms(int repeats, Work work) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaError_t error = cudaEventCreate(&start);
+  if (error == cudaSuccess) error = cudaEventCreate(&stop);
   std::vector<float> times;
-  for (int i = 0; i < repeats; ++i) {
-    cudaEventRecord(start);
+  for (int i = 0; i < repeats && error == cudaSuccess; ++i) {
+    error = cudaEventRecord(start);
     work(i);
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
     float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
+    if (error == cudaSuccess) error = cudaEventRecord(stop);
+    if (error == cudaSuccess) error = cudaEventSynchronize(stop);
+    if (error == cudaSuccess) error = cudaEventElapsedTime(&ms, start, stop);
+    if (error == cudaSuccess) error = cudaGetLastError();
     times.push_back(ms);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  if (error != cudaSuccess) return Status::io_error(std::string("timing a ceiling: ") + cudaGetErrorString(error));
   return median(times);
 }
 
@@ -102,10 +106,12 @@ Result<DeviceCeilings> measure_ceilings() {
   if (!source.ok()) return source.status();
   if (!target.ok()) return target.status();
   if (fill(source->data(), kCopyBytes / 2, 7, 1.0f) != cudaSuccess) return Status::io_error("fill failed");
-  cudaMemcpy(target->data(), source->data(), kCopyBytes, cudaMemcpyDeviceToDevice);  // warm-up
-  const float copy_ms =
+  if (cudaMemcpy(target->data(), source->data(), kCopyBytes, cudaMemcpyDeviceToDevice) != cudaSuccess)  // warm-up
+    return Status::io_error("the ceiling's device copy failed");
+  const Result<float> copy_ms =
       median_ms(10, [&](int) { cudaMemcpyAsync(target->data(), source->data(), kCopyBytes, cudaMemcpyDeviceToDevice); });
-  ceilings.bytes_per_second = 2.0 * kCopyBytes / (copy_ms * 1e-3);
+  if (!copy_ms.ok()) return copy_ms.status();
+  ceilings.bytes_per_second = 2.0 * kCopyBytes / (copy_ms.value() * 1e-3);
 
   constexpr int kN = 8192;
   const size_t matrix_bytes = size_t{kN} * kN * 2;
@@ -124,10 +130,11 @@ Result<DeviceCeilings> measure_ceilings() {
                                CUBLAS_GEMM_DEFAULT);
   };
   for (int i = 0; i < 3; ++i) gemm(i);
-  const float gemm_ms = median_ms(10, gemm);
+  const Result<float> gemm_ms = median_ms(10, gemm);
   cublasDestroy(handle);
   if (gemm_status != CUBLAS_STATUS_SUCCESS) return Status::io_error("cublasGemmEx failed");
-  ceilings.flops_per_second = 2.0 * kN * kN * double{kN} / (gemm_ms * 1e-3);
+  if (!gemm_ms.ok()) return gemm_ms.status();
+  ceilings.flops_per_second = 2.0 * kN * kN * double{kN} / (gemm_ms.value() * 1e-3);
   return ceilings;
 }
 
@@ -161,14 +168,15 @@ Result<double> measure_fp8_flops() {
                             c_layout, c->data(), c_layout, nullptr, workspace->data(), kWorkspaceBytes, nullptr);
   };
   for (int i = 0; i < 3; ++i) gemm(i);
-  const float gemm_ms = median_ms(10, gemm);
+  const Result<float> gemm_ms = median_ms(10, gemm);
   for (cublasLtMatrixLayout_t layout : {a_layout, b_layout, c_layout})
     if (layout) cublasLtMatrixLayoutDestroy(layout);
   if (operation) cublasLtMatmulDescDestroy(operation);
   if (handle) cublasLtDestroy(handle);
   if (status != CUBLAS_STATUS_SUCCESS)
     return Status::io_error("cuBLASLt e4m3 GEMM failed with status " + std::to_string(static_cast<int>(status)));
-  return 2.0 * kN * kN * double{kN} / (gemm_ms * 1e-3);
+  if (!gemm_ms.ok()) return gemm_ms.status();
+  return 2.0 * kN * kN * double{kN} / (gemm_ms.value() * 1e-3);
 }
 
 }  // namespace
