@@ -524,6 +524,65 @@ TEST(GpuMoe, AllTokensToOneExpertAndEmptyExperts) {
   expect_close(gpu.result(), cpu_output(host), "two experts");
 }
 
+// Runs `host` with its routing replaced by precomputed ids (id_of(i) for pair i) twice on the
+// GPU: the CPU operator's output, and bitwise the same both times.
+template <typename IdOf>
+void expect_precomputed_routing_matches(MoeCase host, IdOf id_of, const std::string& what) {
+  const int64_t tokens = host.inputs.x.size(0), top_k = host.spec.routing.top_k, pairs = tokens * top_k;
+  std::vector<int32_t> ids(pairs);
+  std::vector<float> weights(pairs);
+  for (int64_t i = 0; i < pairs; ++i) {
+    ids[i] = id_of(i);
+    weights[i] = 0.1f + 0.05f * static_cast<float>(i % 5);
+  }
+  host.inputs.router_logits.reset();
+  host.inputs.correction_bias.reset();
+  host.inputs.topk_ids = Tensor::contiguous(ids.data(), DType::kI32, {tokens, top_k});
+  host.inputs.topk_weights = Tensor::contiguous(weights.data(), DType::kF32, {tokens, top_k});
+  DeviceCase device = upload(host).value();
+  GpuRun gpu(device);
+  ASSERT_TRUE(gpu.run(device).ok()) << what;
+  const std::vector<double> first = gpu.result();
+  expect_close(first, cpu_output(host), what);
+  ASSERT_TRUE(gpu.run(device).ok()) << what;
+  EXPECT_EQ(gpu.result(), first) << what << ": a second run";
+}
+
+// Decode steps of up to four tokens (cuda::kMaxSelfRoutedTokens), where bf16 GEMM1 routes,
+// maps and sorts them itself (cuda::SelfRouting) and writes the layout GEMM2 and the combine
+// read: every routing kind, on 8 and 32 experts a lane (E = 256, 1024), with the shared
+// experts and an expert map (ranks 0 and 5 of 8); precomputed ids, one expert taking half the
+// pairs; at I = 2048 (64 column tiles) a few routed lanes, each taking several row tiles.
+TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
+  for (int64_t tokens : {1, 2, 3, 4}) {
+    for (int experts : {256, 1024})
+      for (RoutingKind kind : {RoutingKind::kSoftmaxTopk, RoutingKind::kTopkSoftmax, RoutingKind::kSigmoidTopk,
+                               RoutingKind::kGroupedTopk})
+        for (int rank : {0, 5}) {
+          RandomCaseOptions options = preset_options(*find_preset("deepseek-v3"), tokens, false, 8, rank);
+          options.spec.routing = {.kind = kind, .num_experts = experts, .top_k = 8, .renormalize = rank == 0,
+                                  .score_func = rank == 0 ? ScoreFunc::kSigmoid : ScoreFunc::kSoftmax, .n_group = 8,
+                                  .topk_group = 4, .routed_scaling_factor = 2.5f};
+          options.correction_bias = kind == RoutingKind::kGroupedTopk && rank == 0;
+          expect_gpu_matches_cpu(options,
+                                 std::string(routing_kind_name(kind)) + " E " + std::to_string(experts) + " T " +
+                                     std::to_string(tokens) + " rank " + std::to_string(rank),
+                                 1e-2);
+        }
+    // qwen3-30b-a3b rank 0 of 8 holds experts 0..15: expert 5 in half the choices, the rest
+    // anywhere (repeats within a token included).
+    expect_precomputed_routing_matches(
+        host_case(preset_options(*find_preset("qwen3-30b-a3b"), tokens, false, 8, 0)),
+        [](int64_t i) { return i % 4 < 2 ? 5 : 3 + static_cast<int32_t>(i % 7) * 19; },
+        "precomputed ids, T " + std::to_string(tokens));
+  }
+  // deepseek-v3 rank 0 of 8 holds experts 0..31; seven of them take the 32 pairs of 4 tokens.
+  RandomCaseOptions wide = preset_options(*find_preset("deepseek-v3"), 4, false, 8, 0);
+  wide.intermediate = 2048;
+  expect_precomputed_routing_matches(
+      host_case(wide), [](int64_t i) { return static_cast<int32_t>(i % 7) * 5; }, "seven experts, I = 2048");
+}
+
 // Replays of one captured call on new inputs, so new routings: every counter a call uses is
 // zeroed by the call itself. At 4 tokens the decode tile, at 64 the medium one; at 2048 both
 // GEMMs on the specialised tile. On the specialised tile (and with fp8 the decode tile) GEMM2

@@ -177,13 +177,18 @@ __device__ inline RowTile early_shared_tile(const GemmGroups& groups, int tile, 
   return {groups.local_experts, groups.shared_first_slot + tile * tile_rows,
           groups.shared_first_slot + groups.shared_rows, true, groups.n_shared, groups.k_shared};
 }
-// The A row behind row `row` of the tile (a gather through the slot map; the shared group's
-// slot shared_first_slot + t is token t), or -1 past the group.
-__device__ inline int64_t a_row_of(const GemmGroups& groups, const RowTile& tile, int row) {
+// The A row behind row `row` of the tile (a gather through the slot map a_row_of_slot, the
+// groups' own or a CTA's copy; the shared group's slot shared_first_slot + t is token t), or
+// -1 past the group.
+__device__ inline int64_t a_row_of(const GemmGroups& groups, const RowTile& tile, int row,
+                                   const int32_t* a_row_of_slot) {
   const int32_t slot = tile.first_slot + row;
   if (slot >= tile.group_end) return -1;
-  if (!groups.a_row_of_slot) return slot;
-  return tile.shared ? slot - groups.shared_first_slot : groups.a_row_of_slot[slot];
+  if (!a_row_of_slot) return slot;
+  return tile.shared ? slot - groups.shared_first_slot : a_row_of_slot[slot];
+}
+__device__ inline int64_t a_row_of(const GemmGroups& groups, const RowTile& tile, int row) {
+  return a_row_of(groups, tile, row, groups.a_row_of_slot);
 }
 
 // Where the fp8 scales of row (or weight row) `n` of group `group` start; K tile k adds

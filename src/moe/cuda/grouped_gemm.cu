@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "decode_layout.cuh"
 #include "gemm_tiles.cuh"
 #include "launch.cuh"
 #include "launchers.h"
@@ -93,6 +94,9 @@ constexpr int64_t ctas_per_multiprocessor() {
 static_assert(ctas_per_multiprocessor<DecodeFp8Config>() == 3 &&
               ctas_per_multiprocessor<DecodeFp8ShallowConfig>() == 5 &&
               ctas_per_multiprocessor<DecodeDeepConfig>() == 1);
+// The self-routing GEMM1's static DecodePairs leaves these counts as they are.
+static_assert(2 * (DecodeConfig::kSharedBytes + sizeof(DecodePairs) + 1024) <= 228 * 1024 &&
+              DecodeDeepConfig::kSharedBytes + sizeof(DecodePairs) + 1024 <= 228 * 1024);
 // choose_decode_stages's depth names the config: the four differ.
 static_assert(DecodeDeepConfig::kStages != DecodeConfig::kStages &&
               DecodeDeepConfig::kStages != DecodeFp8Config::kStages &&
@@ -118,9 +122,21 @@ __device__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <typename Cfg, bool kGated, Scales kScales>
+// Routed row tile `routed` of a self-routing CTA's list (build_decode_pairs).
+__device__ RowTile self_routed_tile(const GemmGroups& groups, const DecodePairs& pairs, int routed) {
+  return {pairs.tile_group[routed], pairs.tile_first[routed], pairs.tile_end[routed], false, groups.n, groups.k};
+}
+
+// kSelfRoutes: GEMM1 on the bf16 decode tile routes for itself (GemmGroups::self_routing).
+template <typename Cfg, bool kGated, Scales kScales, bool kSelfRoutes = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGroups groups, PairLayout layout,
                                                                      Activation activation) {
+  constexpr size_t kRouteScratchBytes =
+      kMaxSelfRoutedTokens * routing::route_scratch_floats(kMaxRoutedExperts) * sizeof(float);
+  static_assert(!kSelfRoutes || (kGated && kScales == Scales::kNone && Cfg::kRows == kDecodeTileRows &&
+                                 Cfg::kThreads >= kMaxSelfRoutedPairs &&
+                                 Cfg::kStages * Cfg::kStageBytes >= kRouteScratchBytes),
+                "self-routing: bf16 GEMM1 on the decode tile, a thread per pair, the routing's scratch in the ring");
   constexpr bool kFp8 = kScales != Scales::kNone;
   using Op = Operand<kFp8>;
   extern __shared__ __align__(128) uint8_t shared_raw[];
@@ -141,16 +157,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   // order (row tiles fastest) and wait for the sort. Measured (ep=8, docs/KERNELS.md, twelfth
   // session): deepseek-v3 T=1 bf16 -16.8%, fp8_block -17.6%, llama4-scout bf16 -8.4%; on the
   // medium tile +3 to +7% at T=256-1024.
+  // Self-routing (SelfRouting), the CTAs after the early ones are routed lanes: lane w takes
+  // routed row tiles w, w + lanes, ... of one column tile, column tiles fastest, so that lane
+  // 0's CTAs (with a row tile whenever any expert of the rank has rows) start first and the
+  // CTAs of lanes without a row tile, which still route before they know it, come last.
   int tile = blockIdx.x, column_tile = blockIdx.y;
   bool early = false;
   const int early_tiles = groups.early_shared_tiles;
   if constexpr (Cfg::kRows == kDecodeTileRows) {
-    if (early_tiles > 0 && (kGated || hands_over)) {
+    if (kSelfRoutes || (early_tiles > 0 && (kGated || hands_over))) {
       const int position = blockIdx.x + gridDim.x * blockIdx.y, early_ctas = early_tiles * gridDim.y;
       early = position < early_ctas;
       const int later = position - early_ctas, later_tiles = gridDim.x - early_tiles;
-      tile = early ? position % early_tiles : early_tiles + later % later_tiles;
-      column_tile = early ? position / early_tiles : later / later_tiles;
+      tile = early ? position % early_tiles : early_tiles + (kSelfRoutes ? later / gridDim.y : later % later_tiles);
+      column_tile = early ? position / early_tiles : kSelfRoutes ? later % gridDim.y : later / later_tiles;
     }
   }
   // (Early GEMM1 CTAs let GEMM2 launch at once where later ones exist to hold it back.)
@@ -158,364 +178,407 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   if (!early) {
     if (kGated || !hands_over) wait_for_predecessor();
     if (kGated && hands_over) allow_successor();
-    if (tile >= *layout.tile_count) return;
+    if (!kSelfRoutes && tile >= *layout.tile_count) return;
   }
-  const RowTile this_tile = early ? early_shared_tile(groups, tile, Cfg::kRows) : row_tile(groups, layout, tile);
-  const auto& [group, first_slot, group_end, shared, N, K] = this_tile;
-  const auto* A = static_cast<const uint8_t*>(shared ? groups.a_shared : groups.a_routed);
-  const auto* B = static_cast<const uint8_t*>(shared ? groups.b_shared : groups.b_routed) +
-                  (shared ? 0 : static_cast<int64_t>(group) * N * K * Op::kBytes);
-  // Output columns of this tile: gated tiles produce Cols / 2 intermediate columns.
-  const int64_t out_cols = kGated ? N / 2 : N;
-  const int64_t first_col = static_cast<int64_t>(column_tile) * (kGated ? Cfg::kCols / 2 : Cfg::kCols);
-  if (first_col >= out_cols) return;
-  // The weight row behind column `col` of the tile (gated: gate and up rows interleaved by 8),
-  // or -1 past the matrix.
-  auto weight_row = [&](int col) -> int64_t {
-    if constexpr (kGated) {
-      const int64_t out = first_col + (col / 16) * 8 + col % 8;
-      return out < out_cols ? (col % 16 < 8 ? 0 : out_cols) + out : -1;
-    } else {
-      return first_col + col < N ? first_col + col : -1;
+  // Self-routing: a routed lane's CTA makes the pair layout itself (its routing scratch in the
+  // ring, which it fills only once it knows its tiles), then takes its tiles one by one (the
+  // loop below runs once otherwise). The first lane's first CTA writes the layout out for
+  // GEMM2 and the combine once its tiles are done.
+  const bool self_routed = kSelfRoutes && !early;
+  const int lane = tile - early_tiles, lanes = static_cast<int>(gridDim.x) - early_tiles;
+  int routed = lane;
+  const int32_t* a_row_of_slot = groups.a_row_of_slot;
+  auto publish = [&] {
+    if constexpr (kSelfRoutes) {
+      if (self_routed && lane == 0 && column_tile == 0)
+        publish_decode_layout(groups.self_routing, decode_pairs(), layout, groups.local_experts, early_tiles,
+                              Cfg::kRows);
     }
   };
-  // The A row behind tile row `row`, or -1 past the tile or the group.
-  auto a_row = [&](int row) -> int64_t { return row < Cfg::kRows ? a_row_of(groups, this_tile, row) : -1; };
-
-  // The global rows this thread copies into each stage, fixed over the K loop.
-  constexpr int kAChunks = Cfg::kRows * kChunksPerRow / Cfg::kThreads;
-  constexpr int kBChunks = Cfg::kCols * kChunksPerRow / Cfg::kThreads;
-  static_assert(kAChunks * Cfg::kThreads == Cfg::kRows * kChunksPerRow || Cfg::kRows * kChunksPerRow < Cfg::kThreads,
-                "A tile chunks must spread evenly over the threads");
-  const uint8_t* a_source[kAChunks > 0 ? kAChunks : 1];
-  const uint8_t* b_source[kBChunks];
-  const int chunk = threadIdx.x % kChunksPerRow;
-#pragma unroll
-  for (int i = 0; i < (kAChunks > 0 ? kAChunks : 1); ++i) {
-    const int64_t row = a_row((threadIdx.x + i * Cfg::kThreads) / kChunksPerRow);
-    a_source[i] = row >= 0 ? A + row * groups.a_stride * Op::kBytes + chunk * 16 : nullptr;
+  if constexpr (kSelfRoutes) {
+    if (self_routed) {
+      build_decode_pairs(groups.self_routing, Cfg::kRows, reinterpret_cast<float*>(shared_tiles), decode_pairs());
+      if (routed >= decode_pairs().routed_tiles) {
+        publish();
+        return;
+      }
+      a_row_of_slot = decode_pairs().slot_token;
+    }
   }
-#pragma unroll
-  for (int i = 0; i < kBChunks; ++i) {
-    const int64_t row = weight_row((threadIdx.x + i * Cfg::kThreads) / kChunksPerRow);
-    b_source[i] = row >= 0 ? B + row * K * Op::kBytes + chunk * 16 : nullptr;
-  }
+  do {
+    const RowTile this_tile = early         ? early_shared_tile(groups, tile, Cfg::kRows)
+                              : kSelfRoutes ? self_routed_tile(groups, decode_pairs(), routed)
+                                            : row_tile(groups, layout, tile);
+    const auto& [group, first_slot, group_end, shared, N, K] = this_tile;
+    const auto* A = static_cast<const uint8_t*>(shared ? groups.a_shared : groups.a_routed);
+    const auto* B = static_cast<const uint8_t*>(shared ? groups.b_shared : groups.b_routed) +
+                    (shared ? 0 : static_cast<int64_t>(group) * N * K * Op::kBytes);
+    // Output columns of this tile: gated tiles produce Cols / 2 intermediate columns.
+    const int64_t out_cols = kGated ? N / 2 : N;
+    const int64_t first_col = static_cast<int64_t>(column_tile) * (kGated ? Cfg::kCols / 2 : Cfg::kCols);
+    if (first_col >= out_cols) return;
+    // The weight row behind column `col` of the tile (gated: gate and up rows interleaved by 8),
+    // or -1 past the matrix.
+    auto weight_row = [&](int col) -> int64_t {
+      if constexpr (kGated) {
+        const int64_t out = first_col + (col / 16) * 8 + col % 8;
+        return out < out_cols ? (col % 16 < 8 ? 0 : out_cols) + out : -1;
+      } else {
+        return first_col + col < N ? first_col + col : -1;
+      }
+    };
+    // The A row behind tile row `row`, or -1 past the tile or the group.
+    auto a_row = [&](int row) -> int64_t {
+      if (row >= Cfg::kRows) return -1;
+      return kSelfRoutes ? a_row_of(groups, this_tile, row, a_row_of_slot) : a_row_of(groups, this_tile, row);
+    };
 
-  // (copy_a, copy_b: GEMM2's prologue with the hand-over loads B before A; as separate
-  // lambdas the bf16 decode K loop lost 1-7% at T=1-16.)
-  auto load_stage = [&](int stage, int64_t k0, bool copy_a = true, bool copy_b = true) {
-    uint8_t* a_tile = shared_tiles + stage * Cfg::kStageBytes;
-    uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
-    const bool k_valid = k0 + chunk * (16 / Op::kBytes) < K;
-    const int64_t k_offset = k0 * Op::kBytes;
+    // The global rows this thread copies into each stage, fixed over the K loop.
+    constexpr int kAChunks = Cfg::kRows * kChunksPerRow / Cfg::kThreads;
+    constexpr int kBChunks = Cfg::kCols * kChunksPerRow / Cfg::kThreads;
+    static_assert(kAChunks * Cfg::kThreads == Cfg::kRows * kChunksPerRow || Cfg::kRows * kChunksPerRow < Cfg::kThreads,
+                  "A tile chunks must spread evenly over the threads");
+    const uint8_t* a_source[kAChunks > 0 ? kAChunks : 1];
+    const uint8_t* b_source[kBChunks];
+    const int chunk = threadIdx.x % kChunksPerRow;
 #pragma unroll
     for (int i = 0; i < (kAChunks > 0 ? kAChunks : 1); ++i) {
-      const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
-      if (!copy_a || row >= Cfg::kRows) continue;
-      const bool valid = a_source[i] && k_valid;
-      copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + k_offset : A, valid);
+      const int64_t row = a_row((threadIdx.x + i * Cfg::kThreads) / kChunksPerRow);
+      a_source[i] = row >= 0 ? A + row * groups.a_stride * Op::kBytes + chunk * 16 : nullptr;
     }
 #pragma unroll
     for (int i = 0; i < kBChunks; ++i) {
-      if (!copy_b) continue;
-      const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
-      const bool valid = b_source[i] && k_valid;
-      copy_async(b_tile + swizzled(row, chunk), valid ? b_source[i] + k_offset : B, valid);
+      const int64_t row = weight_row((threadIdx.x + i * Cfg::kThreads) / kChunksPerRow);
+      b_source[i] = row >= 0 ? B + row * K * Op::kBytes + chunk * 16 : nullptr;
     }
-  };
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warp_row = (warp / Cfg::kWarpsN) * Cfg::kWarpRows;
-  const int warp_col = (warp % Cfg::kWarpsN) * Cfg::kWarpCols;
-  float acc[Cfg::kMmaM][Cfg::kMmaN][4] = {};
-
-  // fp8 (value = code * scale): each stage's products land in stage_acc and are added to
-  // acc, times the stage's scales when they change along K (a K tile is 128 elements, one
-  // fp8_block block); else acc is scaled once before the epilogue.
-  constexpr bool kPerKTile = kScales == Scales::kPerKTile;
-  float stage_acc[kFp8 ? Cfg::kMmaM : 1][kFp8 ? Cfg::kMmaN : 1][4];
-  const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
-  const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
-  // Scale indices, fixed over the K loop: of this thread's fragment rows (A) and columns (B).
-  // fp8_block: a tile's weight rows fall in one 128-row block per side (its gate rows, its
-  // up rows: tiles are aligned to their width, which divides 128), so two B scales serve
-  // all columns (ni even / odd); otherwise one per column (ni, j) at 2 ni + j. Swapped: the
-  // thread's tokens are 8 j + 2 (lane % 4) + e (A scales [j][e]) and its weight rows
-  // 16 warp + lane / 4 + 8 h (B scales [h]: gate and up rows, or two rows).
-  constexpr bool kSwapped = Cfg::kInstruction == Instruction::kWgmmaSwapped;
-  constexpr int kAScaleRows = kFp8 ? (kSwapped ? Cfg::kRows / 8 : Cfg::kMmaM) : 1;
-  constexpr int kBScales = kSwapped || kPerKTile ? 2 : kFp8 ? 2 * Cfg::kMmaN : 1;
-  using RowScales = float[kAScaleRows][2];
-  using ColumnScales = float[kBScales];
-  int32_t a_scale_at[kAScaleRows][2], b_scale_at[kBScales];
-  auto b_scale_of = [](int ni, int j) { return kPerKTile ? ni % 2 : 2 * ni + j; };
-  if constexpr (kFp8) {
+    // (copy_a, copy_b: GEMM2's prologue with the hand-over loads B before A; as separate
+    // lambdas the bf16 decode K loop lost 1-7% at T=1-16.)
+    auto load_stage = [&](int stage, int64_t k0, bool copy_a = true, bool copy_b = true) {
+      uint8_t* a_tile = shared_tiles + stage * Cfg::kStageBytes;
+      uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
+      const bool k_valid = k0 + chunk * (16 / Op::kBytes) < K;
+      const int64_t k_offset = k0 * Op::kBytes;
 #pragma unroll
-    for (int mi = 0; mi < kAScaleRows; ++mi)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = kSwapped ? mi * 8 + (lane % 4) * 2 + half : warp_row + mi * 16 + lane / 4 + half * 8;
-        a_scale_at[mi][half] = scale_index(a_scales, max(a_row(row), int64_t{0}), group);
+      for (int i = 0; i < (kAChunks > 0 ? kAChunks : 1); ++i) {
+        const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
+        if (!copy_a || row >= Cfg::kRows) continue;
+        const bool valid = a_source[i] && k_valid;
+        copy_async(a_tile + swizzled(row, chunk), valid ? a_source[i] + k_offset : A, valid);
       }
 #pragma unroll
-    for (int c = 0; c < kBScales; ++c) {
-      const int column = kSwapped ? warp * 16 + lane / 4 + c * 8
-                                  : warp_col + (kPerKTile ? c : c / 2) * 8 + (lane % 4) * 2 + (kPerKTile ? 0 : c % 2);
-      b_scale_at[c] = scale_index(b_scales, max(weight_row(column), int64_t{0}), shared ? 0 : group);
-    }
-  }
-  auto load_scales = [&](int k_tile, RowScales& a_out, ColumnScales& b_out) {
+      for (int i = 0; i < kBChunks; ++i) {
+        if (!copy_b) continue;
+        const int row = (threadIdx.x + i * Cfg::kThreads) / kChunksPerRow;
+        const bool valid = b_source[i] && k_valid;
+        copy_async(b_tile + swizzled(row, chunk), valid ? b_source[i] + k_offset : B, valid);
+      }
+    };
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp_row = (warp / Cfg::kWarpsN) * Cfg::kWarpRows;
+    const int warp_col = (warp % Cfg::kWarpsN) * Cfg::kWarpCols;
+    float acc[Cfg::kMmaM][Cfg::kMmaN][4] = {};
+
+    // fp8 (value = code * scale): each stage's products land in stage_acc and are added to
+    // acc, times the stage's scales when they change along K (a K tile is 128 elements, one
+    // fp8_block block); else acc is scaled once before the epilogue.
+    constexpr bool kPerKTile = kScales == Scales::kPerKTile;
+    float stage_acc[kFp8 ? Cfg::kMmaM : 1][kFp8 ? Cfg::kMmaN : 1][4];
+    const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
+    const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
+    // Scale indices, fixed over the K loop: of this thread's fragment rows (A) and columns (B).
+    // fp8_block: a tile's weight rows fall in one 128-row block per side (its gate rows, its
+    // up rows: tiles are aligned to their width, which divides 128), so two B scales serve
+    // all columns (ni even / odd); otherwise one per column (ni, j) at 2 ni + j. Swapped: the
+    // thread's tokens are 8 j + 2 (lane % 4) + e (A scales [j][e]) and its weight rows
+    // 16 warp + lane / 4 + 8 h (B scales [h]: gate and up rows, or two rows).
+    constexpr bool kSwapped = Cfg::kInstruction == Instruction::kWgmmaSwapped;
+    constexpr int kAScaleRows = kFp8 ? (kSwapped ? Cfg::kRows / 8 : Cfg::kMmaM) : 1;
+    constexpr int kBScales = kSwapped || kPerKTile ? 2 : kFp8 ? 2 * Cfg::kMmaN : 1;
+    using RowScales = float[kAScaleRows][2];
+    using ColumnScales = float[kBScales];
+    int32_t a_scale_at[kAScaleRows][2], b_scale_at[kBScales];
+    auto b_scale_of = [](int ni, int j) { return kPerKTile ? ni % 2 : 2 * ni + j; };
     if constexpr (kFp8) {
 #pragma unroll
       for (int mi = 0; mi < kAScaleRows; ++mi)
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
-          a_out[mi][half] = a_scales.scales[a_scale_at[mi][half] + k_tile * static_cast<int32_t>(a_scales.k_stride)];
+        for (int half = 0; half < 2; ++half) {
+          const int row = kSwapped ? mi * 8 + (lane % 4) * 2 + half : warp_row + mi * 16 + lane / 4 + half * 8;
+          a_scale_at[mi][half] = scale_index(a_scales, max(a_row(row), int64_t{0}), group);
+        }
 #pragma unroll
-      for (int c = 0; c < kBScales; ++c)
-        b_out[c] = b_scales.scales[b_scale_at[c] + k_tile * static_cast<int32_t>(b_scales.k_stride)];
+      for (int c = 0; c < kBScales; ++c) {
+        const int column = kSwapped ? warp * 16 + lane / 4 + c * 8
+                                    : warp_col + (kPerKTile ? c : c / 2) * 8 + (lane % 4) * 2 + (kPerKTile ? 0 : c % 2);
+        b_scale_at[c] = scale_index(b_scales, max(weight_row(column), int64_t{0}), shared ? 0 : group);
+      }
     }
-  };
-  // acc = acc_in + sums * scales (acc_in and sums may be acc itself). Swapped: element
-  // [0][j][2 h + e] is token 8 j + 2 (lane % 4) + e of weight row 16 warp + lane / 4 + 8 h.
-  auto add_scaled = [&](float (&acc_in)[Cfg::kMmaM][Cfg::kMmaN][4], const float (&sums)[Cfg::kMmaM][Cfg::kMmaN][4],
-                        const RowScales& a_scale, const ColumnScales& b_scale) {
-    if constexpr (kSwapped) {
+    auto load_scales = [&](int k_tile, RowScales& a_out, ColumnScales& b_out) {
+      if constexpr (kFp8) {
 #pragma unroll
-      for (int j = 0; j < Cfg::kMmaN; ++j)
+        for (int mi = 0; mi < kAScaleRows; ++mi)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) acc[0][j][q] = acc_in[0][j][q] + sums[0][j][q] * (a_scale[j][q % 2] * b_scale[q / 2]);
-    } else {
+          for (int half = 0; half < 2; ++half)
+            a_out[mi][half] = a_scales.scales[a_scale_at[mi][half] + k_tile * static_cast<int32_t>(a_scales.k_stride)];
 #pragma unroll
-      for (int mi = 0; mi < Cfg::kMmaM; ++mi)
+        for (int c = 0; c < kBScales; ++c)
+          b_out[c] = b_scales.scales[b_scale_at[c] + k_tile * static_cast<int32_t>(b_scales.k_stride)];
+      }
+    };
+    // acc = acc_in + sums * scales (acc_in and sums may be acc itself). Swapped: element
+    // [0][j][2 h + e] is token 8 j + 2 (lane % 4) + e of weight row 16 warp + lane / 4 + 8 h.
+    auto add_scaled = [&](float (&acc_in)[Cfg::kMmaM][Cfg::kMmaN][4], const float (&sums)[Cfg::kMmaM][Cfg::kMmaN][4],
+                          const RowScales& a_scale, const ColumnScales& b_scale) {
+      if constexpr (kSwapped) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
+        for (int j = 0; j < Cfg::kMmaN; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            acc[0][j][q] = acc_in[0][j][q] + sums[0][j][q] * (a_scale[j][q % 2] * b_scale[q / 2]);
+      } else {
+#pragma unroll
+        for (int mi = 0; mi < Cfg::kMmaM; ++mi)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int ni = 0; ni < Cfg::kMmaN; ++ni)
+#pragma unroll
+              for (int j = 0; j < 2; ++j)
+                acc[mi][ni][half * 2 + j] =
+                    acc_in[mi][ni][half * 2 + j] +
+                    sums[mi][ni][half * 2 + j] * (a_scale[mi][half] * b_scale[b_scale_of(ni, j)]);
+      }
+    };
+    // fp8_block: the next K tile's scales are loaded while this tile's products are formed.
+    RowScales a_now, a_next;
+    ColumnScales b_now, b_next;
+    auto next_scales = [&](int k_tile, bool more) {
+      if constexpr (kPerKTile) {
+#pragma unroll
+        for (int mi = 0; mi < kAScaleRows; ++mi) a_now[mi][0] = a_next[mi][0], a_now[mi][1] = a_next[mi][1];
+#pragma unroll
+        for (int c = 0; c < kBScales; ++c) b_now[c] = b_next[c];
+        if (more) load_scales(k_tile + 1, a_next, b_next);
+      }
+    };
+    auto promote_stage = [&] {
+      if constexpr (kPerKTile) {
+        add_scaled(acc, stage_acc, a_now, b_now);
+      } else if constexpr (kFp8) {
+#pragma unroll
+        for (int mi = 0; mi < Cfg::kMmaM; ++mi)
 #pragma unroll
           for (int ni = 0; ni < Cfg::kMmaN; ++ni)
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
-              acc[mi][ni][half * 2 + j] = acc_in[mi][ni][half * 2 + j] +
-                                          sums[mi][ni][half * 2 + j] * (a_scale[mi][half] * b_scale[b_scale_of(ni, j)]);
-    }
-  };
-  // fp8_block: the next K tile's scales are loaded while this tile's products are formed.
-  RowScales a_now, a_next;
-  ColumnScales b_now, b_next;
-  auto next_scales = [&](int k_tile, bool more) {
-    if constexpr (kPerKTile) {
-#pragma unroll
-      for (int mi = 0; mi < kAScaleRows; ++mi) a_now[mi][0] = a_next[mi][0], a_now[mi][1] = a_next[mi][1];
-#pragma unroll
-      for (int c = 0; c < kBScales; ++c) b_now[c] = b_next[c];
-      if (more) load_scales(k_tile + 1, a_next, b_next);
-    }
-  };
-  auto promote_stage = [&] {
-    if constexpr (kPerKTile) {
-      add_scaled(acc, stage_acc, a_now, b_now);
-    } else if constexpr (kFp8) {
-#pragma unroll
-      for (int mi = 0; mi < Cfg::kMmaM; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < Cfg::kMmaN; ++ni)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) acc[mi][ni][q] += stage_acc[mi][ni][q];
-    }
-  };
-  // Where the tensor cores accumulate: per stage (fp8), or straight into acc (bf16).
-  auto& sums = *[&] {
-    if constexpr (kFp8) {
-      return &stage_acc;
-    } else {
-      return &acc;
-    }
-  }();
-
-  // Split K (blockIdx.z of gridDim.z): this CTA sums K tiles [first_k_tile, + k_tiles).
-  const auto [first_k_tile, k_tiles] =
-      split_k_tiles(K, Op::kDepth, static_cast<int>(blockIdx.z), static_cast<int>(gridDim.z));
-  // GEMM2 with the hand-over: the ring's first weight stages stream in while the row tile's
-  // intermediate is still being written (they join the first stage's copy group).
-  const bool waits_for_columns = !kGated && hands_over;
-  if (waits_for_columns) {
-    for (int s = 0; s < min(Cfg::kStages - 1, k_tiles); ++s)
-      load_stage(s, static_cast<int64_t>(first_k_tile + s) * Op::kDepth, /*copy_a=*/false);
-    if (threadIdx.x == 0) wait_for_columns(&groups.row_tile_columns[tile], K);
-    __syncthreads();
-  }
-  for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < k_tiles) {
-      load_stage(s, static_cast<int64_t>(first_k_tile + s) * Op::kDepth, true, /*copy_b=*/!waits_for_columns);
-    }
-    asm volatile("cp.async.commit_group;\n");
-  }
-  if constexpr (kPerKTile)
-    if (k_tiles > 0) load_scales(first_k_tile, a_next, b_next);
-  if constexpr (Cfg::kInstruction == Instruction::kMmaSync) {
-    // Warp w takes k16 step w of every stage over all the tile's columns: kTileMmaN
-    // independent mma a stage, where a warp over its own 16 columns would chain its two
-    // sums through all kStepsPerStage steps (-1.5 to -3.3% at T=1, docs/KERNELS.md,
-    // thirteenth session). The warps' sums are added once after the loop (in a fixed order).
-    static_assert(!kFp8, "e4m3 decode tiles use the swapped wgmma: bf16 sums go straight into acc");
-    static_assert(Cfg::kMmaM == 1 && Cfg::kWarpsN == kStepsPerStage, "one warp per k16 step of a stage");
-    constexpr int kTileMmaN = Cfg::kCols / 8;
-    float partial[kTileMmaN][4] = {};
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
-      __syncthreads();
-      const int next = kt + Cfg::kStages - 1;
-      if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(first_k_tile + next) * Op::kDepth);
-      asm volatile("cp.async.commit_group;\n");
-
-      const uint8_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageBytes;
-      const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
-      uint32_t a_frag[4];
-      ldmatrix_x4(a_frag, a_tile + swizzled(lane % 16, warp * 2 + lane / 16));
-#pragma unroll
-      for (int np = 0; np < kTileMmaN / 2; ++np) {
-        uint32_t b_frag[4];
-        ldmatrix_x4(b_frag, b_tile + swizzled(np * 16 + lane % 8 + (lane / 16) * 8, warp * 2 + (lane / 8) % 2));
-        mma_bf16(partial[2 * np], a_frag, b_frag[0], b_frag[1]);
-        mma_bf16(partial[2 * np + 1], a_frag, b_frag[2], b_frag[3]);
+            for (int q = 0; q < 4; ++q) acc[mi][ni][q] += stage_acc[mi][ni][q];
       }
-    }
-    asm volatile("cp.async.wait_group 0;\n");
-    __syncthreads();  // the ring is free: it carries the warps' sums, [warp][n8 tile][lane][4]
-    auto* exchange = reinterpret_cast<float4*>(shared_tiles);
-#pragma unroll
-    for (int ni = 0; ni < kTileMmaN; ++ni)
-      exchange[(warp * kTileMmaN + ni) * 32 + lane] =
-          make_float4(partial[ni][0], partial[ni][1], partial[ni][2], partial[ni][3]);
-    __syncthreads();
-#pragma unroll
-    for (int ni = 0; ni < Cfg::kMmaN; ++ni) {  // this warp's columns for the epilogue
-#pragma unroll
-      for (int from = 0; from < Cfg::kWarpsN; ++from) {
-        const float4 sum = exchange[(from * kTileMmaN + warp_col / 8 + ni) * 32 + lane];
-        acc[0][ni][0] += sum.x, acc[0][ni][1] += sum.y, acc[0][ni][2] += sum.z, acc[0][ni][3] += sum.w;
-      }
-    }
-  } else {
-    // Warpgroup g multiplies rows 64g..64g+63 of the A tile by the whole B tile. bf16: one
-    // wgmma group stays in flight while the next stage lands; fp8: the stage's sums are
-    // needed for the promotion, so each group completes first. A stage is refilled only
-    // after every warpgroup's wgmma on it has completed (wait_group, then the barrier).
-    const int warpgroup = warp / 4;
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async data -> tensor cores
-      __syncthreads();
-      const uint8_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageBytes;
-      const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
-      // Swapped: the weights are wgmma's A (m64), the tokens its B (n16).
-      const uint64_t a_descriptor = wgmma_descriptor(kSwapped ? b_tile : a_tile + warpgroup * 64 * kRowBytes);
-      const uint64_t b_descriptor = wgmma_descriptor(kSwapped ? a_tile : b_tile);
-      next_scales(first_k_tile + kt, kt + 1 < k_tiles);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kStepsPerStage; ++kk)  // +32 bytes along K inside the swizzle atom; fp8 starts a fresh sum
-        wgmma_step<kSwapped ? Cfg::kRows : Cfg::kCols, kFp8>(sums[0], a_descriptor + 2 * kk, b_descriptor + 2 * kk,
-                                                             !kFp8 || kk > 0);
-      wgmma_commit();
+    };
+    // Where the tensor cores accumulate: per stage (fp8), or straight into acc (bf16).
+    auto& sums = *[&] {
       if constexpr (kFp8) {
-        wgmma_wait<0>();
-        promote_stage();
+        return &stage_acc;
       } else {
-        wgmma_wait<1>();
+        return &acc;
       }
+    }();
+
+    // Split K (blockIdx.z of gridDim.z): this CTA sums K tiles [first_k_tile, + k_tiles).
+    const auto [first_k_tile, k_tiles] =
+        split_k_tiles(K, Op::kDepth, static_cast<int>(blockIdx.z), static_cast<int>(gridDim.z));
+    // GEMM2 with the hand-over: the ring's first weight stages stream in while the row tile's
+    // intermediate is still being written (they join the first stage's copy group).
+    const bool waits_for_columns = !kGated && hands_over;
+    if (waits_for_columns) {
+      for (int s = 0; s < min(Cfg::kStages - 1, k_tiles); ++s)
+        load_stage(s, static_cast<int64_t>(first_k_tile + s) * Op::kDepth, /*copy_a=*/false);
+      if (threadIdx.x == 0) wait_for_columns(&groups.row_tile_columns[tile], K);
       __syncthreads();
-      const int next = kt + Cfg::kStages - 1;
-      if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(first_k_tile + next) * Op::kDepth);
+    }
+    for (int s = 0; s < Cfg::kStages - 1; ++s) {
+      if (s < k_tiles) {
+        load_stage(s, static_cast<int64_t>(first_k_tile + s) * Op::kDepth, true, /*copy_b=*/!waits_for_columns);
+      }
       asm volatile("cp.async.commit_group;\n");
     }
-    wgmma_wait<0>();
-    asm volatile("cp.async.wait_group 0;\n");
-  }
-  if constexpr (kScales == Scales::kEpilogue) {  // acc = acc * scales, which do not change along K
-    float zero[Cfg::kMmaM][Cfg::kMmaN][4] = {};
-    load_scales(0, a_now, b_now);
-    add_scaled(zero, acc, a_now, b_now);
-  }
+    if constexpr (kPerKTile)
+      if (k_tiles > 0) load_scales(first_k_tile, a_next, b_next);
+    if constexpr (Cfg::kInstruction == Instruction::kMmaSync) {
+      // Warp w takes k16 step w of every stage over all the tile's columns: kTileMmaN
+      // independent mma a stage, where a warp over its own 16 columns would chain its two
+      // sums through all kStepsPerStage steps (-1.5 to -3.3% at T=1, docs/KERNELS.md,
+      // thirteenth session). The warps' sums are added once after the loop (in a fixed order).
+      static_assert(!kFp8, "e4m3 decode tiles use the swapped wgmma: bf16 sums go straight into acc");
+      static_assert(Cfg::kMmaM == 1 && Cfg::kWarpsN == kStepsPerStage, "one warp per k16 step of a stage");
+      constexpr int kTileMmaN = Cfg::kCols / 8;
+      float partial[kTileMmaN][4] = {};
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
+        __syncthreads();
+        const int next = kt + Cfg::kStages - 1;
+        if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(first_k_tile + next) * Op::kDepth);
+        asm volatile("cp.async.commit_group;\n");
 
-  if constexpr (kSwapped) {  // thread: tokens 8 j + 2 (lane % 4) + e, weight rows 16 warp + lane / 4 + 8 h
+        const uint8_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageBytes;
+        const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
+        uint32_t a_frag[4];
+        ldmatrix_x4(a_frag, a_tile + swizzled(lane % 16, warp * 2 + lane / 16));
 #pragma unroll
-    for (int j = 0; j < Cfg::kMmaN; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int32_t slot = first_slot + j * 8 + (lane % 4) * 2 + e;
-        if (slot >= group_end) continue;
-        uint16_t* c_row = groups.c + static_cast<int64_t>(slot) * groups.c_stride;
-        if constexpr (kGated) {  // weight rows h = 0 / 1 are gate / up of one output column
-          const int64_t col = first_col + warp * 8 + lane / 4;
-          if (col < out_cols)
-            c_row[col] = __bfloat16_as_ushort(__float2bfloat16_rn(activate(activation, acc[0][j][e]) * acc[0][j][2 + e]));
-        } else {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int64_t col = first_col + warp * 16 + lane / 4 + h * 8;
-            if (col >= out_cols) continue;
-            if (groups.c_partial)
-              groups.c_partial[blockIdx.z * groups.partial_stride + slot * groups.c_stride + col] = acc[0][j][2 * h + e];
-            else
-              c_row[col] = __bfloat16_as_ushort(__float2bfloat16_rn(acc[0][j][2 * h + e]));
-          }
+        for (int np = 0; np < kTileMmaN / 2; ++np) {
+          uint32_t b_frag[4];
+          ldmatrix_x4(b_frag, b_tile + swizzled(np * 16 + lane % 8 + (lane / 16) * 8, warp * 2 + (lane / 8) % 2));
+          mma_bf16(partial[2 * np], a_frag, b_frag[0], b_frag[1]);
+          mma_bf16(partial[2 * np + 1], a_frag, b_frag[2], b_frag[3]);
         }
       }
-  }
-  // Epilogue: thread holds rows lane/4 and lane/4 + 8 of each m16 tile, two columns each.
+      asm volatile("cp.async.wait_group 0;\n");
+      __syncthreads();  // the ring is free: it carries the warps' sums, [warp][n8 tile][lane][4]
+      auto* exchange = reinterpret_cast<float4*>(shared_tiles);
 #pragma unroll
-  for (int mi = 0; mi < (kSwapped ? 0 : Cfg::kMmaM); ++mi) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = warp_row + mi * 16 + lane / 4 + half * 8;
-      const int32_t slot = first_slot + row;
-      if (row >= Cfg::kRows || slot >= group_end) continue;
-      uint16_t* c_row = groups.c + static_cast<int64_t>(slot) * groups.c_stride;
-#pragma unroll
-      for (int ni = 0; ni < Cfg::kMmaN; ni += kGated ? 2 : 1) {
-        const float* v = &acc[mi][ni][half * 2];
-        if constexpr (kGated) {
-          const float* up = &acc[mi][ni + 1][half * 2];
-          const int64_t col = first_col + (warp_col + ni * 8) / 2 + (lane % 4) * 2;
-          if (col < out_cols)
-            store_pair(c_row + col, activate(activation, v[0]) * up[0], activate(activation, v[1]) * up[1]);
-        } else {
-          const int64_t col = first_col + warp_col + ni * 8 + (lane % 4) * 2;
-          if (col >= out_cols) continue;
-          if (groups.c_partial) {  // split K: f32 partial sums, added up by the combine
-            float* partial = groups.c_partial + blockIdx.z * groups.partial_stride + slot * groups.c_stride + col;
-            *reinterpret_cast<float2*>(partial) = make_float2(v[0], v[1]);
-          } else {
-            store_pair(c_row + col, v[0], v[1]);
-          }
-        }
-      }
-    }
-  }
-  if constexpr (kGated) {
-    // The columns of the row tile this CTA completes for GEMM2: those it wrote, or with the
-    // fused quantisation those it quantised.
-    int completed = static_cast<int>(min(int64_t{Cfg::kCols / 2}, out_cols - first_col));
-    if constexpr (kFp8) {
-      static_assert(128 % (Cfg::kCols / 2) == 0 && Cfg::kCols / 2 <= 128,
-                    "a group of 128 columns (GPU fp8_block) spans whole column tiles, and a tile fits in registers");
-      if (groups.quantize.codes)
-        completed = quantize_output(groups.quantize, layout.arrivals, groups.c, groups.c_stride, tile, first_slot,
-                                    min(Cfg::kRows, group_end - first_slot), first_col, Cfg::kCols / 2, out_cols,
-                                    threadIdx.x, Cfg::kThreads);
-    }
-    if (hands_over) {
-      if (early) wait_for_predecessor();  // for the kernel before GEMM1 that zeroes the counters
+      for (int ni = 0; ni < kTileMmaN; ++ni)
+        exchange[(warp * kTileMmaN + ni) * 32 + lane] =
+            make_float4(partial[ni][0], partial[ni][1], partial[ni][2], partial[ni][3]);
       __syncthreads();
-      if (threadIdx.x == 0 && completed > 0) hand_over_columns(&groups.row_tile_columns[tile], completed);
+#pragma unroll
+      for (int ni = 0; ni < Cfg::kMmaN; ++ni) {  // this warp's columns for the epilogue
+#pragma unroll
+        for (int from = 0; from < Cfg::kWarpsN; ++from) {
+          const float4 sum = exchange[(from * kTileMmaN + warp_col / 8 + ni) * 32 + lane];
+          acc[0][ni][0] += sum.x, acc[0][ni][1] += sum.y, acc[0][ni][2] += sum.z, acc[0][ni][3] += sum.w;
+        }
+      }
+    } else {
+      // Warpgroup g multiplies rows 64g..64g+63 of the A tile by the whole B tile. bf16: one
+      // wgmma group stays in flight while the next stage lands; fp8: the stage's sums are
+      // needed for the promotion, so each group completes first. A stage is refilled only
+      // after every warpgroup's wgmma on it has completed (wait_group, then the barrier).
+      const int warpgroup = warp / 4;
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async data -> tensor cores
+        __syncthreads();
+        const uint8_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageBytes;
+        const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
+        // Swapped: the weights are wgmma's A (m64), the tokens its B (n16).
+        const uint64_t a_descriptor = wgmma_descriptor(kSwapped ? b_tile : a_tile + warpgroup * 64 * kRowBytes);
+        const uint64_t b_descriptor = wgmma_descriptor(kSwapped ? a_tile : b_tile);
+        next_scales(first_k_tile + kt, kt + 1 < k_tiles);
+        wgmma_fence();
+        // +32 bytes along K inside the swizzle atom; fp8 starts a fresh sum
+#pragma unroll
+        for (int kk = 0; kk < kStepsPerStage; ++kk)
+          wgmma_step<kSwapped ? Cfg::kRows : Cfg::kCols, kFp8>(sums[0], a_descriptor + 2 * kk, b_descriptor + 2 * kk,
+                                                               !kFp8 || kk > 0);
+        wgmma_commit();
+        if constexpr (kFp8) {
+          wgmma_wait<0>();
+          promote_stage();
+        } else {
+          wgmma_wait<1>();
+        }
+        __syncthreads();
+        const int next = kt + Cfg::kStages - 1;
+        if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(first_k_tile + next) * Op::kDepth);
+        asm volatile("cp.async.commit_group;\n");
+      }
+      wgmma_wait<0>();
+      asm volatile("cp.async.wait_group 0;\n");
     }
-  }
+    if constexpr (kScales == Scales::kEpilogue) {  // acc = acc * scales, which do not change along K
+      float zero[Cfg::kMmaM][Cfg::kMmaN][4] = {};
+      load_scales(0, a_now, b_now);
+      add_scaled(zero, acc, a_now, b_now);
+    }
+
+    if constexpr (kSwapped) {  // thread: tokens 8 j + 2 (lane % 4) + e, weight rows 16 warp + lane / 4 + 8 h
+#pragma unroll
+      for (int j = 0; j < Cfg::kMmaN; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int32_t slot = first_slot + j * 8 + (lane % 4) * 2 + e;
+          if (slot >= group_end) continue;
+          uint16_t* c_row = groups.c + static_cast<int64_t>(slot) * groups.c_stride;
+          if constexpr (kGated) {  // weight rows h = 0 / 1 are gate / up of one output column
+            const int64_t col = first_col + warp * 8 + lane / 4;
+            if (col < out_cols)
+              c_row[col] =
+                  __bfloat16_as_ushort(__float2bfloat16_rn(activate(activation, acc[0][j][e]) * acc[0][j][2 + e]));
+          } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int64_t col = first_col + warp * 16 + lane / 4 + h * 8;
+              if (col >= out_cols) continue;
+              if (groups.c_partial)
+                groups.c_partial[blockIdx.z * groups.partial_stride + slot * groups.c_stride + col] =
+                    acc[0][j][2 * h + e];
+              else
+                c_row[col] = __bfloat16_as_ushort(__float2bfloat16_rn(acc[0][j][2 * h + e]));
+            }
+          }
+        }
+    }
+    // Epilogue: thread holds rows lane/4 and lane/4 + 8 of each m16 tile, two columns each.
+#pragma unroll
+    for (int mi = 0; mi < (kSwapped ? 0 : Cfg::kMmaM); ++mi) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp_row + mi * 16 + lane / 4 + half * 8;
+        const int32_t slot = first_slot + row;
+        if (row >= Cfg::kRows || slot >= group_end) continue;
+        uint16_t* c_row = groups.c + static_cast<int64_t>(slot) * groups.c_stride;
+#pragma unroll
+        for (int ni = 0; ni < Cfg::kMmaN; ni += kGated ? 2 : 1) {
+          const float* v = &acc[mi][ni][half * 2];
+          if constexpr (kGated) {
+            const float* up = &acc[mi][ni + 1][half * 2];
+            const int64_t col = first_col + (warp_col + ni * 8) / 2 + (lane % 4) * 2;
+            if (col < out_cols)
+              store_pair(c_row + col, activate(activation, v[0]) * up[0], activate(activation, v[1]) * up[1]);
+          } else {
+            const int64_t col = first_col + warp_col + ni * 8 + (lane % 4) * 2;
+            if (col >= out_cols) continue;
+            if (groups.c_partial) {  // split K: f32 partial sums, added up by the combine
+              float* partial = groups.c_partial + blockIdx.z * groups.partial_stride + slot * groups.c_stride + col;
+              *reinterpret_cast<float2*>(partial) = make_float2(v[0], v[1]);
+            } else {
+              store_pair(c_row + col, v[0], v[1]);
+            }
+          }
+        }
+      }
+    }
+    if constexpr (kGated) {
+      // The columns of the row tile this CTA completes for GEMM2: those it wrote, or with the
+      // fused quantisation those it quantised.
+      int completed = static_cast<int>(min(int64_t{Cfg::kCols / 2}, out_cols - first_col));
+      if constexpr (kFp8) {
+        static_assert(128 % (Cfg::kCols / 2) == 0 && Cfg::kCols / 2 <= 128,
+                      "a group of 128 columns (GPU fp8_block) spans whole column tiles, and a tile fits in registers");
+        if (groups.quantize.codes)
+          completed = quantize_output(groups.quantize, layout.arrivals, groups.c, groups.c_stride, tile, first_slot,
+                                      min(Cfg::kRows, group_end - first_slot), first_col, Cfg::kCols / 2, out_cols,
+                                      threadIdx.x, Cfg::kThreads);
+      }
+      if (hands_over) {
+        if (early) wait_for_predecessor();  // for the kernel before GEMM1 that zeroes the counters
+        __syncthreads();
+        if (threadIdx.x == 0 && completed > 0) hand_over_columns(&groups.row_tile_columns[tile], completed);
+      }
+    }
+    if constexpr (kSelfRoutes) {
+      __syncthreads();  // every thread is done with the ring before the next tile fills it
+      routed += lanes;
+      tile = early_tiles + routed;
+    }
+  } while (self_routed && routed < decode_pairs().routed_tiles);
+  publish();
 }
 
-template <typename Cfg, bool kGated, Scales kScales>
+template <typename Cfg, bool kGated, Scales kScales, bool kSelfRoutes = false>
 cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
                           Activation activation, cudaStream_t stream) {
-  auto* kernel = grouped_gemm_kernel<Cfg, kGated, kScales>;
+  auto* kernel = grouped_gemm_kernel<Cfg, kGated, kScales, kSelfRoutes>;
   static const cudaError_t attribute_error = [&] {
     const cudaError_t error =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSharedBytes));
@@ -523,9 +586,19 @@ cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, in
   }();
   if (attribute_error != cudaSuccess) return attribute_error;
   const int64_t column_tiles = column_tile_count(column_extent(groups, kGated), Cfg::kCols, kGated);
-  const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>(column_tiles),
+  int64_t row_ctas = max_tiles;
+  if constexpr (kSelfRoutes) {
+    // Routed lanes (a CTA each per column tile) for the resident CTAs the early ones leave, at
+    // least one, at most the routed row tiles there may be.
+    const int64_t early = groups.early_shared_tiles, resident = ctas_per_multiprocessor<Cfg>() * multiprocessor_count();
+    row_ctas = early + std::clamp<int64_t>((resident - early * column_tiles) / column_tiles, 1, max_tiles - early);
+  }
+  const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(column_tiles),
                   static_cast<unsigned>(groups.k_splits));
-  return launch_chained(kernel, grid, dim3(Cfg::kThreads), Cfg::kSharedBytes, stream, groups, layout, activation);
+  // Routing for itself, GEMM1 is the call's first launch: it starts once its predecessor has
+  // finished, as the route would have.
+  return launch_kernel(kSelfRoutes ? Start::kAfterPredecessor : Start::kEarly, kernel, grid, dim3(Cfg::kThreads),
+                       Cfg::kSharedBytes, stream, groups, layout, activation);
 }
 
 }  // namespace
@@ -639,6 +712,13 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
   if (max_tiles == 0) return cudaSuccess;
   const bool scales_along_k = groups.a_routed_scale.k_stride != 0 || groups.b_routed_scale.k_stride != 0;
   auto with_scales = [&]<typename Cfg, Scales kScales>() {
+    if constexpr (Cfg::kRows == kDecodeTileRows && kScales == Scales::kNone) {
+      if (groups.self_routing.enabled) {
+        if (!gated) return cudaErrorInvalidValue;  // GEMM1 alone routes (routes_in_gemm1)
+        return launch_config<Cfg, true, kScales, true>(groups, layout, max_tiles, activation, stream);
+      }
+    }
+    if (groups.self_routing.enabled) return cudaErrorInvalidValue;  // bf16 on the decode tile only
     return gated ? launch_config<Cfg, true, kScales>(groups, layout, max_tiles, activation, stream)
                  : launch_config<Cfg, false, kScales>(groups, layout, max_tiles, activation, stream);
   };

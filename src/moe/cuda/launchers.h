@@ -41,6 +41,12 @@ struct PairLayout {
   // [sort_blocks(T k), groups] each sort block's pairs per group, where it takes several.
   int32_t* block_counts = nullptr;
 };
+// A pair's group: the local index of expert `id` through the expert map (null: every expert
+// local), or -1 where the id is out of range or the expert not on this rank.
+__host__ __device__ inline int local_group(int32_t id, const int32_t* expert_map, int num_experts) {
+  if (id < 0 || id >= num_experts) return -1;
+  return expert_map ? expert_map[id] : id;
+}
 // Pairs one block of sort_pairs takes in a single launch; more take several blocks of
 // kPairsPerSortBlock each (and block_counts, and a second launch).
 inline constexpr int64_t kPairsInOneSortBlock = 8192;
@@ -112,6 +118,25 @@ struct EpilogueQuantize {
   // measured, T=1024-16384); tests that compare the codes with the quantiser's over c keep it.
   bool bf16_copy = true;
 };
+// The decode GEMM1's own routing (routes_in_gemm1): each of its CTAs of a routed row tile
+// routes the call's few tokens itself (route_token.cuh; or reads precomputed ids), maps and
+// sorts the pairs in shared memory (decode_layout.cuh) and so finds its row tile, where
+// otherwise it would wait for the route and the sort, two launches ahead of it. One CTA
+// then writes what those two would have (the choices for the combine, PairLayout) for GEMM2
+// and the combine, which wait for GEMM1 as they do for the sort.
+inline constexpr int kMaxSelfRoutedTokens = 4;  // one warp of the decode CTA routes each
+struct SelfRouting {
+  bool enabled = false;
+  RoutingSpec spec;
+  const void* logits = nullptr;  // [T, E] f32 or bf16; null: the precomputed topk_ids
+  bool logits_bf16 = false;
+  const float* correction_bias = nullptr;
+  const int32_t* topk_ids = nullptr;  // [T, k], where logits are null
+  int32_t* topk_ids_out = nullptr;    // [T, k], from the logits: the combine's input
+  float* topk_weights_out = nullptr;
+  const int32_t* expert_map = nullptr;  // [E] or null
+  int num_experts = 0, top_k = 0, tokens = 0;
+};
 struct GemmGroups {
   const void* a_routed;      // A of the local experts' groups [*, K]
   const void* a_shared;      // A of the shared group [*, K_shared]
@@ -147,6 +172,7 @@ struct GemmGroups {
   // round leaves idle (decode: the shared expert's GEMM2 beside the routed experts' GEMM1).
   // Zeroed with PairLayout::arrivals (their end). Null: GEMM2 waits for all of GEMM1.
   int32_t* row_tile_columns = nullptr;
+  SelfRouting self_routing;  // gated bf16 on the decode tile only
 };
 // gated: B rows are [gate; up] (N = 2 I) and C[slot, i] = act(gate_i) * up_i, i < I.
 // max_tiles sizes the grid; likely_tiles (TilePlan's) only picks between configs of one height.
@@ -184,6 +210,14 @@ inline constexpr int kSpecializedTileRows = 128;
 inline bool hands_over_by_row_tile(const TilePlan& plan, bool fp8) {
   return (plan.tile_rows == kSpecializedTileRows || (fp8 && plan.tile_rows == kDecodeTileRows)) &&
          plan.shared_tiles == 0;
+}
+// Whether GEMM1 routes for itself (SelfRouting): bf16 on the decode tile, up to
+// kMaxSelfRoutedTokens tokens, the shared group (if any) in the main list (its tiles then
+// start early, GemmGroups::early_shared_tiles), no router weight on the input (its scaling
+// pass needs the weights before GEMM1).
+inline bool routes_in_gemm1(const TilePlan& plan, int64_t tokens, bool fp8, bool router_weight_on_input) {
+  return !fp8 && !router_weight_on_input && plan.tile_rows == kDecodeTileRows && plan.shared_tiles == 0 &&
+         tokens <= kMaxSelfRoutedTokens;
 }
 // How many ways GEMM2 splits K: where its CTAs (expected_row_tiles x the column tiles of
 // n) fill less than one wave of the CTAs the SMs hold at once (few experts, few tiles, at

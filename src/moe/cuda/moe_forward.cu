@@ -285,21 +285,26 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   if (quantize_x_first) sort_layout.arrival_count = 0;  // zeroed above
   const int32_t* topk_ids = layout.topk_ids;
   const float* topk_weights = layout.topk_weights;
-  if (inputs.router_logits) {
+  const int32_t* expert_map = inputs.expert_map ? inputs.expert_map->data_as<int32_t>() : nullptr;
+  // A decode step of a few tokens: GEMM1 routes, maps and sorts them itself (SelfRouting), in
+  // place of the route and the sort.
+  const bool self_routes = cuda::routes_in_gemm1(layout.tiles, s.tokens, fp8, spec.apply_router_weight_on_input);
+  if (!inputs.router_logits) {
+    topk_ids = inputs.topk_ids->data_as<int32_t>();
+    topk_weights = inputs.topk_weights->data_as<float>();
+  }
+  if (inputs.router_logits && !self_routes) {
     CUDA_CHECK(cuda::launch_route(spec.routing, inputs.router_logits->data,
                                   inputs.router_logits->dtype == DType::kBF16,
                                   inputs.correction_bias ? inputs.correction_bias->data_as<float>() : nullptr,
                                   s.tokens, layout.topk_ids, layout.topk_weights, stream,
                                   quantize_x_first ? cuda::Start::kEarly : cuda::Start::kAfterPredecessor));
-  } else {
-    topk_ids = inputs.topk_ids->data_as<int32_t>();
-    topk_weights = inputs.topk_weights->data_as<float>();
   }
-  const int32_t* expert_map = inputs.expert_map ? inputs.expert_map->data_as<int32_t>() : nullptr;
-  CUDA_CHECK(cuda::launch_sort_pairs(topk_ids, expert_map, s.tokens, static_cast<int>(s.top_k),
-                                     static_cast<int>(s.num_experts), static_cast<int>(s.num_local_experts), shared,
-                                     layout.tiles, sort_layout, stream,
-                                     inputs.router_logits ? cuda::Start::kEarly : cuda::Start::kAfterPredecessor));
+  if (!self_routes)
+    CUDA_CHECK(cuda::launch_sort_pairs(topk_ids, expert_map, s.tokens, static_cast<int>(s.top_k),
+                                       static_cast<int>(s.num_experts), static_cast<int>(s.num_local_experts), shared,
+                                       layout.tiles, sort_layout, stream,
+                                       inputs.router_logits ? cuda::Start::kEarly : cuda::Start::kAfterPredecessor));
   const uint16_t* routed_input = x;
   if (spec.apply_router_weight_on_input) {
     CUDA_CHECK(cuda::launch_scale_rows(x, topk_weights, s.tokens, s.hidden, layout.x_scaled, stream));
@@ -330,6 +335,24 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm1.shared_first_slot = static_cast<int32_t>(s.tokens * s.top_k);
   gemm1.shared_rows = static_cast<int32_t>(s.tokens);
   if (shared_early) gemm1.early_shared_tiles = static_cast<int>(layout.tiles.shared_main_tiles);
+  if (self_routes) {
+    cuda::SelfRouting& routing = gemm1.self_routing;
+    routing.enabled = true;
+    if (inputs.router_logits) {
+      routing.spec = spec.routing;
+      routing.logits = inputs.router_logits->data;
+      routing.logits_bf16 = inputs.router_logits->dtype == DType::kBF16;
+      routing.correction_bias = inputs.correction_bias ? inputs.correction_bias->data_as<float>() : nullptr;
+      routing.topk_ids_out = layout.topk_ids;
+      routing.topk_weights_out = layout.topk_weights;
+    } else {
+      routing.topk_ids = topk_ids;
+    }
+    routing.expert_map = expert_map;
+    routing.num_experts = static_cast<int>(s.num_experts);
+    routing.top_k = static_cast<int>(s.top_k);
+    routing.tokens = static_cast<int>(s.tokens);
+  }
   gemm1.c = layout.intermediate;
   gemm1.c_stride = widest;
   if (fp8) {

@@ -48,12 +48,6 @@ struct SortArgs {
   PairLayout layout;
 };
 
-// `expert_map`: the block's copy in shared memory (start()), or null for the identity.
-__device__ int local_group(int32_t id, const int32_t* expert_map, int num_experts) {
-  if (id < 0 || id >= num_experts) return -1;
-  return expert_map ? expert_map[id] : id;
-}
-
 // This thread's pairs of its block's chunk (pair first + i kThreads for i < kBatch, first =
 // the block's first pair + threadIdx.x): their groups, and their ranks among the block's
 // pairs of the same group (-1 for no group or past the pairs).
