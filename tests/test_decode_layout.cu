@@ -51,7 +51,7 @@ Expected expected_layout(const std::vector<int>& groups, int top_k, int group_co
 cuda::DecodePairs run_steps(const std::vector<int>& groups, int top_k) {
   cuda::DecodePairs d{};
   const int pairs = static_cast<int>(groups.size());
-  for (int p = 0; p < pairs; ++p) d.group[p] = groups[p];
+  for (int p = 0; p < pairs; ++p) d.group[p] = static_cast<cuda::PairIndex>(groups[p]);
   for (int p = 0; p < pairs; ++p) cuda::place_pair(d, p, pairs, top_k, kTileRows);
   cuda::count_routed(d, pairs);
   for (int p = 0; p < pairs; ++p) cuda::list_tiles(d, p, pairs, kTileRows);

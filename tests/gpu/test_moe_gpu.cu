@@ -185,34 +185,45 @@ struct Fp8Case {
 
 class GpuFp8VsCpu : public ::testing::TestWithParam<Fp8Case> {};
 
-// The relative error is measured over at least 16 token rows: for T = 1 and 7, over that
-// many fresh draws together (each draw's every element still checked written). One token's
-// output hangs on a few hundred e4m3 codes of its intermediate, and the two operators' bf16
-// intermediates can fall on either side of an e4m3 rounding midpoint (the tensor cores sum
-// a K tile in less than f32 precision before the promotion); one code flipped at a row's
-// largest element moves that token's output by 3-4%. Measured on the H200: 5 of about 4000
-// single runs at T = 1 or 7 over 3e-2 (at most 0.040), on 0500f47 and 1972103 alike.
+// fp8: the relative error over at least 16 token rows, for T < 16 over that many fresh draws
+// of draw() (a RandomCaseOptions) together, each draw's every element still checked
+// written. One token's output hangs on a few hundred e4m3 codes of its intermediate, and the
+// two operators' bf16 intermediates can fall on either side of an e4m3 rounding midpoint
+// (the tensor cores sum a K tile in less than f32 precision before the promotion); one code
+// flipped at a row's largest element moves that token's output by 3-4%. Measured on the
+// H200: 5 of about 4000 single runs at T = 1 or 7 over 3e-2 (at most 0.040), on 0500f47 and
+// 1972103 alike.
+template <typename Draw>
+void expect_fp8_matches_over_draws(int64_t tokens, Draw draw, const std::string& what) {
+  const int64_t draws = (16 + tokens - 1) / tokens;
+  Outputs pooled;
+  std::string seeds;
+  for (int64_t i = 0; i < draws; ++i) {
+    const RandomCaseOptions options = draw();
+    seeds += " " + std::to_string(options.seed);
+    const Outputs outputs = run_both(host_case(options));
+    if (!expect_written(outputs.gpu, outputs.cpu, what + " seed " + std::to_string(options.seed))) continue;
+    pooled.gpu.insert(pooled.gpu.end(), outputs.gpu.begin(), outputs.gpu.end());
+    pooled.cpu.insert(pooled.cpu.end(), outputs.cpu.begin(), outputs.cpu.end());
+  }
+  if (!pooled.cpu.empty()) EXPECT_LT(relative_error(pooled.gpu, pooled.cpu), 3e-2) << what << ", seeds" << seeds;
+}
+
 TEST_P(GpuFp8VsCpu, MatchesCpuOperatorAndWritesEveryElement) {
   const Fp8Case c = GetParam();
   const ModelPreset& preset = *find_preset(c.preset);
-  const int64_t draws = (16 + c.tokens - 1) / c.tokens;
   for (int rank : c.ranks == 1 ? std::vector<int>{0} : std::vector<int>{0, c.ranks - 1}) {
     const std::string what = c.preset + " " + std::string(quant_scheme_name(c.scheme)) + " rank " + std::to_string(rank);
-    Outputs pooled;
-    std::string seeds;
-    for (int64_t draw = 0; draw < draws; ++draw) {
-      RandomCaseOptions options = preset_options(preset, c.tokens, false, c.ranks, rank);
-      options.spec.quant.scheme = c.scheme;
-      options.intermediate = 256;  // fp8_block: I divisible by 128
-      options.static_activation_scales = c.static_scales;
-      seeds += " " + std::to_string(options.seed);
-      const Outputs outputs = run_both(host_case(options));
-      if (!expect_written(outputs.gpu, outputs.cpu, what + " seed " + std::to_string(options.seed))) continue;
-      pooled.gpu.insert(pooled.gpu.end(), outputs.gpu.begin(), outputs.gpu.end());
-      pooled.cpu.insert(pooled.cpu.end(), outputs.cpu.begin(), outputs.cpu.end());
-    }
-    if (!pooled.cpu.empty())
-      EXPECT_LT(relative_error(pooled.gpu, pooled.cpu), 3e-2) << what << ", seeds" << seeds;
+    expect_fp8_matches_over_draws(
+        c.tokens,
+        [&] {
+          RandomCaseOptions options = preset_options(preset, c.tokens, false, c.ranks, rank);
+          options.spec.quant.scheme = c.scheme;
+          options.intermediate = 256;  // fp8_block: I divisible by 128
+          options.static_activation_scales = c.static_scales;
+          return options;
+        },
+        what);
   }
 }
 
@@ -525,9 +536,9 @@ TEST(GpuMoe, AllTokensToOneExpertAndEmptyExperts) {
 }
 
 // Runs `host` with its routing replaced by precomputed ids (id_of(i) for pair i) twice on the
-// GPU: the CPU operator's output, and bitwise the same both times.
+// GPU, expects the two bitwise the same, and returns the first with the CPU operator's.
 template <typename IdOf>
-void expect_precomputed_routing_matches(MoeCase host, IdOf id_of, const std::string& what) {
+Outputs run_with_precomputed_routing(MoeCase host, IdOf id_of, const std::string& what) {
   const int64_t tokens = host.inputs.x.size(0), top_k = host.spec.routing.top_k, pairs = tokens * top_k;
   std::vector<int32_t> ids(pairs);
   std::vector<float> weights(pairs);
@@ -541,18 +552,19 @@ void expect_precomputed_routing_matches(MoeCase host, IdOf id_of, const std::str
   host.inputs.topk_weights = Tensor::contiguous(weights.data(), DType::kF32, {tokens, top_k});
   DeviceCase device = upload(host).value();
   GpuRun gpu(device);
-  ASSERT_TRUE(gpu.run(device).ok()) << what;
+  EXPECT_TRUE(gpu.run(device).ok()) << what;
   const std::vector<double> first = gpu.result();
-  expect_close(first, cpu_output(host), what);
-  ASSERT_TRUE(gpu.run(device).ok()) << what;
+  EXPECT_TRUE(gpu.run(device).ok()) << what;
   EXPECT_EQ(gpu.result(), first) << what << ": a second run";
+  return {first, cpu_output(host)};
 }
 
-// Decode steps of up to four tokens (cuda::kMaxSelfRoutedTokens), where bf16 GEMM1 routes,
-// maps and sorts them itself (cuda::SelfRouting) and writes the layout GEMM2 and the combine
-// read: every routing kind, on 8 and 32 experts a lane (E = 256, 1024), with the shared
-// experts and an expert map (ranks 0 and 5 of 8); precomputed ids, one expert taking half the
-// pairs; at I = 2048 (64 column tiles) a few routed lanes, each taking several row tiles.
+// Decode steps of up to four tokens (cuda::kMaxSelfRoutedTokens), where GEMM1 routes, maps
+// and sorts them itself (cuda::SelfRouting; bf16 and fp8_block) and writes the layout GEMM2
+// and the combine read (e4m3: GEMM2 reads it once flagged out): every routing kind, on 8 and
+// 32 experts a lane (E = 256, 1024), with the shared experts and an expert map (ranks 0 and
+// 5 of 8); precomputed ids, one expert taking half the pairs; at I = 2048 (64 column tiles)
+// a few routed lanes, each taking several row tiles.
 TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
   for (int64_t tokens : {1, 2, 3, 4}) {
     for (int experts : {256, 1024})
@@ -564,23 +576,46 @@ TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
                                   .score_func = rank == 0 ? ScoreFunc::kSigmoid : ScoreFunc::kSoftmax, .n_group = 8,
                                   .topk_group = 4, .routed_scaling_factor = 2.5f};
           options.correction_bias = kind == RoutingKind::kGroupedTopk && rank == 0;
-          expect_gpu_matches_cpu(options,
-                                 std::string(routing_kind_name(kind)) + " E " + std::to_string(experts) + " T " +
-                                     std::to_string(tokens) + " rank " + std::to_string(rank),
-                                 1e-2);
+          const std::string what = std::string(routing_kind_name(kind)) + " E " + std::to_string(experts) + " T " +
+                                   std::to_string(tokens) + " rank " + std::to_string(rank);
+          expect_gpu_matches_cpu(options, what, 1e-2);
+          expect_fp8_matches_over_draws(
+              tokens,
+              [&] {
+                RandomCaseOptions fp8 = options;
+                fp8.spec.quant.scheme = QuantScheme::kFp8Block;
+                fp8.intermediate = 256;
+                fp8.seed = fresh_seed();
+                return fp8;
+              },
+              what + " fp8_block");
         }
     // qwen3-30b-a3b rank 0 of 8 holds experts 0..15: expert 5 in half the choices, the rest
     // anywhere (repeats within a token included).
-    expect_precomputed_routing_matches(
+    const std::string what = "precomputed ids, T " + std::to_string(tokens);
+    const Outputs outputs = run_with_precomputed_routing(
         host_case(preset_options(*find_preset("qwen3-30b-a3b"), tokens, false, 8, 0)),
-        [](int64_t i) { return i % 4 < 2 ? 5 : 3 + static_cast<int32_t>(i % 7) * 19; },
-        "precomputed ids, T " + std::to_string(tokens));
+        [](int64_t i) { return i % 4 < 2 ? 5 : 3 + static_cast<int32_t>(i % 7) * 19; }, what);
+    expect_close(outputs.gpu, outputs.cpu, what);
   }
   // deepseek-v3 rank 0 of 8 holds experts 0..31; seven of them take the 32 pairs of 4 tokens.
+  // (fp8_block: pooled over four draws, as expect_fp8_matches_over_draws says why.)
   RandomCaseOptions wide = preset_options(*find_preset("deepseek-v3"), 4, false, 8, 0);
   wide.intermediate = 2048;
-  expect_precomputed_routing_matches(
-      host_case(wide), [](int64_t i) { return static_cast<int32_t>(i % 7) * 5; }, "seven experts, I = 2048");
+  auto seven_experts = [](int64_t i) { return static_cast<int32_t>(i % 7) * 5; };
+  const Outputs bf16 = run_with_precomputed_routing(host_case(wide), seven_experts, "seven experts, I = 2048");
+  expect_close(bf16.gpu, bf16.cpu, "seven experts, I = 2048");
+  wide.spec.quant.scheme = QuantScheme::kFp8Block;
+  Outputs pooled;
+  for (int draw = 0; draw < 4; ++draw) {
+    wide.seed = fresh_seed();
+    const std::string what = "seven experts, I = 2048, fp8_block, seed " + std::to_string(wide.seed);
+    const Outputs outputs = run_with_precomputed_routing(host_case(wide), seven_experts, what);
+    if (!expect_written(outputs.gpu, outputs.cpu, what)) continue;
+    pooled.gpu.insert(pooled.gpu.end(), outputs.gpu.begin(), outputs.gpu.end());
+    pooled.cpu.insert(pooled.cpu.end(), outputs.cpu.begin(), outputs.cpu.end());
+  }
+  if (!pooled.cpu.empty()) EXPECT_LT(relative_error(pooled.gpu, pooled.cpu), 3e-2) << "seven experts, fp8_block";
 }
 
 // Replays of one captured call on new inputs, so new routings: every counter a call uses is

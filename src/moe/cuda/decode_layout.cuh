@@ -20,20 +20,25 @@ namespace epmoe::cuda {
 
 inline constexpr int kMaxSelfRoutedPairs = kMaxSelfRoutedTokens * kMaxTopK;
 
+// Experts, groups, slots and tiles all count below 2^15 (kMaxRoutedExperts, kMaxSelfRoutedPairs):
+// 16-bit entries keep the struct small enough for five e4m3 decode CTAs an SM.
+using PairIndex = int16_t;
+static_assert(kMaxRoutedExperts < (1 << 15) && kMaxSelfRoutedPairs < (1 << 15));
+
 struct DecodePairs {
-  int32_t expert[kMaxSelfRoutedPairs];
+  PairIndex expert[kMaxSelfRoutedPairs];  // routed from the logits (else unused)
   float weight[kMaxSelfRoutedPairs];
-  int32_t group[kMaxSelfRoutedPairs];  // -1: not local
-  int32_t slot[kMaxSelfRoutedPairs];   // -1: not local
-  int32_t slot_token[kMaxSelfRoutedPairs];  // the token of each routed slot
+  PairIndex group[kMaxSelfRoutedPairs];  // -1: not local
+  PairIndex slot[kMaxSelfRoutedPairs];   // -1: not local
+  int32_t slot_token[kMaxSelfRoutedPairs];  // the token of each routed slot (GemmGroups::a_row_of_slot)
   // Each pair's group's first slot and pairs; a group's leader (its first pair) also holds
   // the group's row tiles, the other pairs 0.
-  int32_t group_first[kMaxSelfRoutedPairs];
-  int32_t group_count[kMaxSelfRoutedPairs];
-  int32_t lead_tiles[kMaxSelfRoutedPairs];
+  PairIndex group_first[kMaxSelfRoutedPairs];
+  PairIndex group_count[kMaxSelfRoutedPairs];
+  PairIndex lead_tiles[kMaxSelfRoutedPairs];
   // The routed row tiles in list order (each holds a pair at least): group, first slot, and
   // the group's end; then how many, and the routed pairs.
-  int32_t tile_group[kMaxSelfRoutedPairs], tile_first[kMaxSelfRoutedPairs], tile_end[kMaxSelfRoutedPairs];
+  PairIndex tile_group[kMaxSelfRoutedPairs], tile_first[kMaxSelfRoutedPairs], tile_end[kMaxSelfRoutedPairs];
   int32_t routed_tiles, local_pairs;
 };
 
@@ -48,12 +53,12 @@ __host__ __device__ inline void place_pair(DecodePairs& d, int p, int pairs, int
     count += other == group;
     rank += other == group && q < p;
   }
-  d.slot[p] = group >= 0 ? before + rank : -1;
+  d.slot[p] = static_cast<PairIndex>(group >= 0 ? before + rank : -1);
   if (group >= 0) d.slot_token[before + rank] = p / top_k;
   const bool leads = group >= 0 && rank == 0;
-  d.group_first[p] = before;
-  d.group_count[p] = count;
-  d.lead_tiles[p] = leads ? (count + tile_rows - 1) / tile_rows : 0;
+  d.group_first[p] = static_cast<PairIndex>(before);
+  d.group_count[p] = static_cast<PairIndex>(count);
+  d.lead_tiles[p] = static_cast<PairIndex>(leads ? (count + tile_rows - 1) / tile_rows : 0);
 }
 
 // Step 2, pair p (every pair placed): a leader lists its group's row tiles after those of
@@ -65,8 +70,8 @@ __host__ __device__ inline void list_tiles(DecodePairs& d, int p, int pairs, int
     if (d.group[q] >= 0 && d.group[q] < d.group[p]) tiles_before += d.lead_tiles[q];
   for (int i = 0; i < d.lead_tiles[p]; ++i) {
     d.tile_group[tiles_before + i] = d.group[p];
-    d.tile_first[tiles_before + i] = d.group_first[p] + i * tile_rows;
-    d.tile_end[tiles_before + i] = d.group_first[p] + d.group_count[p];
+    d.tile_first[tiles_before + i] = static_cast<PairIndex>(d.group_first[p] + i * tile_rows);
+    d.tile_end[tiles_before + i] = static_cast<PairIndex>(d.group_first[p] + d.group_count[p]);
   }
 }
 
@@ -107,15 +112,16 @@ __device__ inline void build_decode_pairs(const SelfRouting& r, int tile_rows, f
       const routing::Choice choice =
           routing::route_token_of_any_width(r.spec, r.logits, r.logits_bf16, r.correction_bias, warp, scratch);
       if (lane < r.top_k) {
-        d.expert[warp * r.top_k + lane] = choice.expert;
+        d.expert[warp * r.top_k + lane] = static_cast<PairIndex>(choice.expert);
         d.weight[warp * r.top_k + lane] = choice.weight;
       }
     }
     __syncthreads();
-  } else if (p < pairs) {
-    d.expert[p] = r.topk_ids[p];
   }
-  if (p < pairs) d.group[p] = local_group(d.expert[p], r.expert_map, r.num_experts);
+  if (p < pairs) {
+    const int32_t expert = r.logits ? d.expert[p] : r.topk_ids[p];
+    d.group[p] = static_cast<PairIndex>(local_group(expert, r.expert_map, r.num_experts));
+  }
   __syncthreads();
   if (p < pairs) place_pair(d, p, pairs, r.top_k, tile_rows);
   __syncthreads();
@@ -126,8 +132,8 @@ __device__ inline void build_decode_pairs(const SelfRouting& r, int tile_rows, f
 
 // What the route and the sort would have written, by one CTA (every thread) once
 // build_decode_pairs is done: the choices from the logits, and `layout` for GEMM2 and the
-// combine. The shared group (shared_tiles > 0 of them, first in the list) is group
-// local_experts.
+// combine; then r.published, if any (after the counters' zeroing: the caller waits for it).
+// The shared group (shared_tiles > 0 of them, first in the list) is group local_experts.
 __device__ inline void publish_decode_layout(const SelfRouting& r, const DecodePairs& d, const PairLayout& layout,
                                              int local_experts, int shared_tiles, int tile_rows) {
   const int pairs = r.tokens * r.top_k, t = threadIdx.x;
@@ -158,6 +164,13 @@ __device__ inline void publish_decode_layout(const SelfRouting& r, const DecodeP
     layout.group_offsets[groups] = shared ? pairs + r.tokens : d.local_pairs;
     layout.tile_count[0] = shared_tiles + d.routed_tiles;
     layout.tile_count[1] = 0;
+  }
+  if (r.published) {  // every thread's stores, then the flag (release at GPU scope)
+    __syncthreads();
+    if (t == 0) {
+      __threadfence();
+      atomicExch(r.published, 1);
+    }
   }
 }
 

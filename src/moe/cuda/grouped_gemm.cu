@@ -95,8 +95,15 @@ static_assert(ctas_per_multiprocessor<DecodeFp8Config>() == 3 &&
               ctas_per_multiprocessor<DecodeFp8ShallowConfig>() == 5 &&
               ctas_per_multiprocessor<DecodeDeepConfig>() == 1);
 // The self-routing GEMM1's static DecodePairs leaves these counts as they are.
-static_assert(2 * (DecodeConfig::kSharedBytes + sizeof(DecodePairs) + 1024) <= 228 * 1024 &&
-              DecodeDeepConfig::kSharedBytes + sizeof(DecodePairs) + 1024 <= 228 * 1024);
+template <typename Cfg>
+constexpr int64_t ctas_per_multiprocessor_self_routing() {
+  return 228 * 1024 / (Cfg::kSharedBytes + sizeof(DecodePairs) + 1024);
+}
+static_assert(ctas_per_multiprocessor_self_routing<DecodeConfig>() == ctas_per_multiprocessor<DecodeConfig>() &&
+              ctas_per_multiprocessor_self_routing<DecodeDeepConfig>() == ctas_per_multiprocessor<DecodeDeepConfig>() &&
+              ctas_per_multiprocessor_self_routing<DecodeFp8Config>() == ctas_per_multiprocessor<DecodeFp8Config>() &&
+              ctas_per_multiprocessor_self_routing<DecodeFp8ShallowConfig>() ==
+                  ctas_per_multiprocessor<DecodeFp8ShallowConfig>());
 // choose_decode_stages's depth names the config: the four differ.
 static_assert(DecodeDeepConfig::kStages != DecodeConfig::kStages &&
               DecodeDeepConfig::kStages != DecodeFp8Config::kStages &&
@@ -127,16 +134,18 @@ __device__ RowTile self_routed_tile(const GemmGroups& groups, const DecodePairs&
   return {pairs.tile_group[routed], pairs.tile_first[routed], pairs.tile_end[routed], false, groups.n, groups.k};
 }
 
-// kSelfRoutes: GEMM1 on the bf16 decode tile routes for itself (GemmGroups::self_routing).
+// kSelfRoutes: GEMM1 on the decode tile routes for itself (GemmGroups::self_routing).
 template <typename Cfg, bool kGated, Scales kScales, bool kSelfRoutes = false>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGroups groups, PairLayout layout,
+__global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multiprocessor<Cfg>() : 1)
+    grouped_gemm_kernel(GemmGroups groups, PairLayout layout,
                                                                      Activation activation) {
   constexpr size_t kRouteScratchBytes =
       kMaxSelfRoutedTokens * routing::route_scratch_floats(kMaxRoutedExperts) * sizeof(float);
-  static_assert(!kSelfRoutes || (kGated && kScales == Scales::kNone && Cfg::kRows == kDecodeTileRows &&
+  static_assert(!kSelfRoutes || (kGated && kScales != Scales::kEpilogue && Cfg::kRows == kDecodeTileRows &&
                                  Cfg::kThreads >= kMaxSelfRoutedPairs &&
                                  Cfg::kStages * Cfg::kStageBytes >= kRouteScratchBytes),
-                "self-routing: bf16 GEMM1 on the decode tile, a thread per pair, the routing's scratch in the ring");
+                "self-routing: GEMM1 (bf16, fp8_block) on the decode tile, a thread per pair, the routing's scratch "
+                "in the ring");
   constexpr bool kFp8 = kScales != Scales::kNone;
   using Op = Operand<kFp8>;
   extern __shared__ __align__(128) uint8_t shared_raw[];
@@ -176,14 +185,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
   // (Early GEMM1 CTAs let GEMM2 launch at once where later ones exist to hold it back.)
   if (kGated && hands_over && early && static_cast<int>(gridDim.x) > early_tiles) allow_successor();
   if (!early) {
-    if (kGated || !hands_over) wait_for_predecessor();
+    if (!kSelfRoutes && (kGated || !hands_over)) wait_for_predecessor();
     if (kGated && hands_over) allow_successor();
+    // GEMM2 after a self-routing GEMM1 (e4m3 decode, with the hand-over): the layout once out.
+    if constexpr (kFp8 && !kGated && Cfg::kRows == kDecodeTileRows) {
+      if (groups.layout_published) {
+        if (threadIdx.x == 0) wait_for_columns(groups.layout_published, 1);
+        __syncthreads();
+      }
+    }
     if (!kSelfRoutes && tile >= *layout.tile_count) return;
   }
   // Self-routing: a routed lane's CTA makes the pair layout itself (its routing scratch in the
   // ring, which it fills only once it knows its tiles), then takes its tiles one by one (the
-  // loop below runs once otherwise). The first lane's first CTA writes the layout out for
-  // GEMM2 and the combine once its tiles are done.
+  // loop below runs once otherwise). Every CTA then waits for the launch before (e4m3: x's
+  // quantisation, which also zeroes the counters; bf16: none, GEMM1 comes first). The first
+  // lane's first CTA writes the layout out for GEMM2 and the combine: before its tiles where
+  // GEMM2 takes rows by row tile (it reads the layout once out), else after them.
   const bool self_routed = kSelfRoutes && !early;
   const int lane = tile - early_tiles, lanes = static_cast<int>(gridDim.x) - early_tiles;
   int routed = lane;
@@ -196,10 +214,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
     }
   };
   if constexpr (kSelfRoutes) {
-    if (self_routed) {
+    if (self_routed)
       build_decode_pairs(groups.self_routing, Cfg::kRows, reinterpret_cast<float*>(shared_tiles), decode_pairs());
+    wait_for_predecessor();
+    if (self_routed) {
+      if (hands_over) publish();
       if (routed >= decode_pairs().routed_tiles) {
-        publish();
+        if (!hands_over) publish();
         return;
       }
       a_row_of_slot = decode_pairs().slot_token;
@@ -572,7 +593,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_kernel(GemmGrou
       tile = early_tiles + routed;
     }
   } while (self_routed && routed < decode_pairs().routed_tiles);
-  publish();
+  if (!hands_over) publish();
 }
 
 template <typename Cfg, bool kGated, Scales kScales, bool kSelfRoutes = false>
@@ -590,14 +611,16 @@ cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, in
   if constexpr (kSelfRoutes) {
     // Routed lanes (a CTA each per column tile) for the resident CTAs the early ones leave, at
     // least one, at most the routed row tiles there may be.
-    const int64_t early = groups.early_shared_tiles, resident = ctas_per_multiprocessor<Cfg>() * multiprocessor_count();
+    const int64_t early = groups.early_shared_tiles;
+    const int64_t resident = ctas_per_multiprocessor_self_routing<Cfg>() * multiprocessor_count();
     row_ctas = early + std::clamp<int64_t>((resident - early * column_tiles) / column_tiles, 1, max_tiles - early);
   }
   const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(column_tiles),
                   static_cast<unsigned>(groups.k_splits));
-  // Routing for itself, GEMM1 is the call's first launch: it starts once its predecessor has
-  // finished, as the route would have.
-  return launch_kernel(kSelfRoutes ? Start::kAfterPredecessor : Start::kEarly, kernel, grid, dim3(Cfg::kThreads),
+  // Routing for itself, bf16 GEMM1 is the call's first launch: it starts once its predecessor
+  // has finished, as the route would have (e4m3: x's quantisation comes first).
+  const bool first = kSelfRoutes && kScales == Scales::kNone;
+  return launch_kernel(first ? Start::kAfterPredecessor : Start::kEarly, kernel, grid, dim3(Cfg::kThreads),
                        Cfg::kSharedBytes, stream, groups, layout, activation);
 }
 
@@ -712,13 +735,13 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
   if (max_tiles == 0) return cudaSuccess;
   const bool scales_along_k = groups.a_routed_scale.k_stride != 0 || groups.b_routed_scale.k_stride != 0;
   auto with_scales = [&]<typename Cfg, Scales kScales>() {
-    if constexpr (Cfg::kRows == kDecodeTileRows && kScales == Scales::kNone) {
+    if constexpr (Cfg::kRows == kDecodeTileRows && kScales != Scales::kEpilogue) {
       if (groups.self_routing.enabled) {
         if (!gated) return cudaErrorInvalidValue;  // GEMM1 alone routes (routes_in_gemm1)
         return launch_config<Cfg, true, kScales, true>(groups, layout, max_tiles, activation, stream);
       }
     }
-    if (groups.self_routing.enabled) return cudaErrorInvalidValue;  // bf16 on the decode tile only
+    if (groups.self_routing.enabled) return cudaErrorInvalidValue;  // bf16 or fp8_block on the decode tile only
     return gated ? launch_config<Cfg, true, kScales>(groups, layout, max_tiles, activation, stream)
                  : launch_config<Cfg, false, kScales>(groups, layout, max_tiles, activation, stream);
   };

@@ -120,10 +120,11 @@ struct EpilogueQuantize {
 };
 // The decode GEMM1's own routing (routes_in_gemm1): each of its CTAs of a routed row tile
 // routes the call's few tokens itself (route_token.cuh; or reads precomputed ids), maps and
-// sorts the pairs in shared memory (decode_layout.cuh) and so finds its row tile, where
+// sorts the pairs in shared memory (decode_layout.cuh) and so finds its row tiles, where
 // otherwise it would wait for the route and the sort, two launches ahead of it. One CTA
 // then writes what those two would have (the choices for the combine, PairLayout) for GEMM2
-// and the combine, which wait for GEMM1 as they do for the sort.
+// and the combine: they wait for GEMM1 as they do for the sort, except GEMM2 taking rows by
+// row tile (e4m3), which waits for `published` instead.
 inline constexpr int kMaxSelfRoutedTokens = 4;  // one warp of the decode CTA routes each
 struct SelfRouting {
   bool enabled = false;
@@ -136,6 +137,9 @@ struct SelfRouting {
   float* topk_weights_out = nullptr;
   const int32_t* expert_map = nullptr;  // [E] or null
   int num_experts = 0, top_k = 0, tokens = 0;
+  // With the hand-over by row tile: set to 1 once the layout is out (zeroed by the launch
+  // before GEMM1, x's quantisation, with PairLayout::arrivals); else null.
+  int32_t* published = nullptr;
 };
 struct GemmGroups {
   const void* a_routed;      // A of the local experts' groups [*, K]
@@ -172,7 +176,10 @@ struct GemmGroups {
   // round leaves idle (decode: the shared expert's GEMM2 beside the routed experts' GEMM1).
   // Zeroed with PairLayout::arrivals (their end). Null: GEMM2 waits for all of GEMM1.
   int32_t* row_tile_columns = nullptr;
-  SelfRouting self_routing;  // gated bf16 on the decode tile only
+  SelfRouting self_routing;  // gated, on the decode tile only
+  // GEMM2 with the hand-over after a self-routing GEMM1 (SelfRouting::published): its CTAs
+  // read the layout once this is set.
+  const int32_t* layout_published = nullptr;
 };
 // gated: B rows are [gate; up] (N = 2 I) and C[slot, i] = act(gate_i) * up_i, i < I.
 // max_tiles sizes the grid; likely_tiles (TilePlan's) only picks between configs of one height.
@@ -211,13 +218,14 @@ inline bool hands_over_by_row_tile(const TilePlan& plan, bool fp8) {
   return (plan.tile_rows == kSpecializedTileRows || (fp8 && plan.tile_rows == kDecodeTileRows)) &&
          plan.shared_tiles == 0;
 }
-// Whether GEMM1 routes for itself (SelfRouting): bf16 on the decode tile, up to
-// kMaxSelfRoutedTokens tokens, the shared group (if any) in the main list (its tiles then
-// start early, GemmGroups::early_shared_tiles), no router weight on the input (its scaling
-// pass needs the weights before GEMM1).
-inline bool routes_in_gemm1(const TilePlan& plan, int64_t tokens, bool fp8, bool router_weight_on_input) {
-  return !fp8 && !router_weight_on_input && plan.tile_rows == kDecodeTileRows && plan.shared_tiles == 0 &&
-         tokens <= kMaxSelfRoutedTokens;
+// Whether GEMM1 routes for itself (SelfRouting): on the decode tile, up to
+// kMaxSelfRoutedTokens tokens, bf16 or fp8_block (x quantised first, which also zeroes the
+// counters: the quantiser zeroes them on per-group scales only), the shared group (if any)
+// in the main list (its tiles then start early, GemmGroups::early_shared_tiles), no router
+// weight on the input (its scaling pass needs the weights before GEMM1).
+inline bool routes_in_gemm1(const TilePlan& plan, int64_t tokens, QuantScheme scheme, bool router_weight_on_input) {
+  return (scheme == QuantScheme::kBf16 || scheme == QuantScheme::kFp8Block) && !router_weight_on_input &&
+         plan.tile_rows == kDecodeTileRows && plan.shared_tiles == 0 && tokens <= kMaxSelfRoutedTokens;
 }
 // How many ways GEMM2 splits K: where its CTAs (expected_row_tiles x the column tiles of
 // n) fill less than one wave of the CTAs the SMs hold at once (few experts, few tiles, at

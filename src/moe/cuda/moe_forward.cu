@@ -58,6 +58,8 @@ struct WorkspaceLayout {
   uint32_t* amax_bits;           // [groups] dynamic per-tensor amax
   int64_t arrival_scopes = 0;    // GEMM1's fused quantisation: groups of 128 columns per row tile
   int32_t* row_tile_columns;     // GemmGroups::row_tile_columns, after the quantisation's counters, or null
+  int32_t* layout_published;     // SelfRouting::published, after those, or null
+  bool self_routes = false;      // routes_in_gemm1
   bool separate_shared_input = false;  // fp8, shared experts and routed rows x * router weight
   cuda::TilePlan tiles;
   int64_t slots = 0;
@@ -104,9 +106,12 @@ struct WorkspaceLayout {
     take(amax_bits, fp8 ? groups : 0);
     arrival_scopes = spec.quant.scheme == QuantScheme::kFp8Block ? (widest + spec.quant.block_k - 1) / spec.quant.block_k : 0;
     const int64_t hand_over_counters = cuda::hands_over_by_row_tile(tiles, fp8) ? all_tiles : 0;
-    pairs.arrival_count = all_tiles * arrival_scopes + hand_over_counters;
+    self_routes = cuda::routes_in_gemm1(tiles, s.tokens, spec.quant.scheme, spec.apply_router_weight_on_input);
+    const bool flags_publishing = self_routes && hand_over_counters > 0;
+    pairs.arrival_count = all_tiles * arrival_scopes + hand_over_counters + (flags_publishing ? 1 : 0);
     take(pairs.arrivals, pairs.arrival_count);
     row_tile_columns = hand_over_counters > 0 ? pairs.arrivals + all_tiles * arrival_scopes : nullptr;
+    layout_published = flags_publishing ? pairs.arrivals + all_tiles * arrival_scopes + hand_over_counters : nullptr;
   }
 };
 
@@ -264,10 +269,14 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   // GEMM1), and that launch zeroes GEMM1's arrival counters in the sort's place, before any
   // early CTA arrives. Only the decode tile (16 rows) starts tiles early; elsewhere the x
   // quantisation first cost 2.3% (deepseek-v3 fp8_block T=64, docs/KERNELS.md).
+  // A decode step of a few tokens: GEMM1 routes, maps and sorts them itself (SelfRouting), in
+  // place of the route and the sort; on fp8_block after x's quantisation, which then zeroes
+  // the counters, and its early CTAs wait for it.
+  const bool self_routes = layout.self_routes;
   const bool shared_early =
       shared && layout.tiles.shared_main_tiles > 0 && layout.tiles.tile_rows == cuda::kDecodeTileRows &&
-      (!fp8 || (spec.quant.scheme == QuantScheme::kFp8Block && inputs.router_logits.has_value()));
-  const bool quantize_x_first = fp8 && shared_early;
+      (!fp8 || (spec.quant.scheme == QuantScheme::kFp8Block && (inputs.router_logits.has_value() || self_routes)));
+  const bool quantize_x_first = fp8 && (shared_early || self_routes);
   // x itself quantised: into the shared experts' buffers where the routed rows take x times
   // the router weight, else into the one set both take.
   auto quantize_x = [&](cuda::Start start = cuda::Start::kEarly, int32_t* zero = nullptr, int64_t zero_count = 0) {
@@ -286,9 +295,6 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   const int32_t* topk_ids = layout.topk_ids;
   const float* topk_weights = layout.topk_weights;
   const int32_t* expert_map = inputs.expert_map ? inputs.expert_map->data_as<int32_t>() : nullptr;
-  // A decode step of a few tokens: GEMM1 routes, maps and sorts them itself (SelfRouting), in
-  // place of the route and the sort.
-  const bool self_routes = cuda::routes_in_gemm1(layout.tiles, s.tokens, fp8, spec.apply_router_weight_on_input);
   if (!inputs.router_logits) {
     topk_ids = inputs.topk_ids->data_as<int32_t>();
     topk_weights = inputs.topk_weights->data_as<float>();
@@ -352,6 +358,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
     routing.num_experts = static_cast<int>(s.num_experts);
     routing.top_k = static_cast<int>(s.top_k);
     routing.tokens = static_cast<int>(s.tokens);
+    routing.published = layout.layout_published;
   }
   gemm1.c = layout.intermediate;
   gemm1.c_stride = widest;
@@ -408,6 +415,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm2.c = layout.pair_out;
   gemm2.c_stride = s.hidden;
   gemm2.row_tile_columns = row_tile_columns;
+  gemm2.layout_published = layout.layout_published;
   // With the hand-over, the decode tile's GEMM2 takes the shared group's tiles first too.
   if (row_tile_columns && layout.tiles.tile_rows == cuda::kDecodeTileRows)
     gemm2.early_shared_tiles = static_cast<int>(layout.tiles.shared_main_tiles);
