@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
   if (kGated && hands_over && early && static_cast<int>(gridDim.x) > early_tiles) allow_successor();
   if (!early) {
     if (!kSelfRoutes && (kGated || !hands_over)) wait_for_predecessor();
-    if (kGated && hands_over) allow_successor();
+    if (!kSelfRoutes && kGated && hands_over) allow_successor();
     // GEMM2 after a self-routing GEMM1 (e4m3 decode, with the hand-over): the layout once out.
     if constexpr (kFp8 && !kGated && Cfg::kRows == kDecodeTileRows) {
       if (groups.layout_published) {
@@ -218,7 +218,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
       build_decode_pairs(groups.self_routing, Cfg::kRows, reinterpret_cast<float*>(shared_tiles), decode_pairs());
     wait_for_predecessor();
     if (self_routed) {
-      if (hands_over) publish();
+      if (hands_over) {
+        // Past the wait, so that GEMM2, which reads the counters and the flag at once,
+        // launches after x's quantisation has zeroed them.
+        allow_successor();
+        publish();
+      }
       if (routed >= decode_pairs().routed_tiles) {
         if (!hands_over) publish();
         return;
