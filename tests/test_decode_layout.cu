@@ -105,7 +105,8 @@ TEST(DecodeLayout, MatchesTheLayoutWrittenOutForRandomRouting) {
   // deepseek-v3 at ep=8 and ep=1, qwen3 at ep=8, mixtral, llama4-scout, the most choices.
   for (const Shape shape : {Shape{256, 8, 32}, Shape{256, 8, 256}, Shape{128, 8, 16}, Shape{8, 2, 1}, Shape{8, 2, 8},
                             Shape{16, 1, 2}, Shape{64, cuda::kMaxTopK, 64}})
-    for (int tokens = 1; tokens <= cuda::kMaxSelfRoutedTokens; ++tokens)
+    for (int tokens = 1; tokens <= cuda::kMaxSelfRoutedTokens && tokens * shape.top_k <= cuda::kMaxSelfRoutedPairs;
+         ++tokens)
       for (int draw = 0; draw < 20; ++draw) {
         SCOPED_TRACE("E " + std::to_string(shape.experts) + " k " + std::to_string(shape.top_k) + " local " +
                      std::to_string(shape.local) + " T " + std::to_string(tokens));
@@ -115,7 +116,8 @@ TEST(DecodeLayout, MatchesTheLayoutWrittenOutForRandomRouting) {
 }
 
 TEST(DecodeLayout, OneExpertTakesEveryPair) {
-  // Precomputed routing may repeat an expert: 128 pairs on one group make eight row tiles.
+  // Precomputed routing may repeat an expert: 128 pairs (16 tokens of 8) on one group make
+  // eight row tiles.
   const int pairs = cuda::kMaxSelfRoutedPairs, top_k = pairs / cuda::kMaxSelfRoutedTokens;
   check_layout(std::vector<int>(pairs, 3), top_k, 5);
 }

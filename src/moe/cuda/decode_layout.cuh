@@ -1,11 +1,11 @@
-// The pair layout of a decode step of a few tokens (at most kMaxSelfRoutedTokens), made in
+// The pair layout of a decode step of a few tokens (launchers.h, routes_in_gemm1), made in
 // shared memory by each CTA of the decode GEMM1 that routes for itself
 // (GemmGroups::self_routing): the same layout sort_pairs makes (launchers.h, PairLayout),
 // but with slots in a fixed order, since every CTA builds it on its own and all must agree:
 // groups in ascending order, a group's pairs in pair order (token, then choice), the shared
 // group at slots [T k, T k + T) and first in the tile list. A decode CTA has one thread per
-// pair (kMaxSelfRoutedTokens x kMaxTopK = 128), and with so few pairs each thread counts
-// what it needs over all of them instead of a scan.
+// pair (at most kMaxSelfRoutedPairs), and with so few pairs each thread counts what it needs
+// over all of them instead of a scan.
 //
 // The steps are functions of the pair index, so that the host can run them too
 // (tests/test_decode_layout.cu); the kernel separates them by barriers.
@@ -17,8 +17,6 @@
 #include "route_token.cuh"
 
 namespace epmoe::cuda {
-
-inline constexpr int kMaxSelfRoutedPairs = kMaxSelfRoutedTokens * kMaxTopK;
 
 // Experts, groups, slots and tiles all count below 2^15 (kMaxRoutedExperts, kMaxSelfRoutedPairs):
 // 16-bit entries keep the struct small enough for five e4m3 decode CTAs an SM.
@@ -100,20 +98,24 @@ __host__ __device__ inline GroupExtent group_extent(const DecodePairs& d, int pa
 }
 
 // The steps on the CTA (every thread calls it; a thread per pair, blockDim.x at least
-// kMaxSelfRoutedPairs): the choices, routed from the logits (warp t routes token t, in
-// `route_scratch`, route_scratch_floats(E) a token of shared memory) or read; their groups;
-// their slots; the routed row tiles. Ends on a barrier.
+// kMaxSelfRoutedPairs): the choices, routed from the logits (warp w routes tokens w, w +
+// warps, ... in turn, in its route_scratch_floats(E) of `route_scratch`) or read; their
+// groups; their slots; the routed row tiles. Ends on a barrier.
 __device__ inline void build_decode_pairs(const SelfRouting& r, int tile_rows, float* route_scratch, DecodePairs& d) {
   const int p = threadIdx.x, warp = p / 32, lane = p % 32;
   const int pairs = r.tokens * r.top_k;
   if (r.logits) {
-    if (warp < r.tokens) {
-      float* scratch = route_scratch + warp * routing::route_scratch_floats(r.num_experts);
+    float* scratch = route_scratch + warp * routing::route_scratch_floats(r.num_experts);
+    for (int token = warp; token < r.tokens; token += static_cast<int>(blockDim.x) / 32) {
+      __syncwarp();  // the lanes have read the last token's scores from the scratch
+      static_assert(kMaxSelfRoutedExperts == 8 * 32, "4 or 8 experts a lane");
       const routing::Choice choice =
-          routing::route_token_of_any_width(r.spec, r.logits, r.logits_bf16, r.correction_bias, warp, scratch);
+          r.num_experts <= 4 * 32
+              ? routing::route_token<4>(r.spec, r.logits, r.logits_bf16, r.correction_bias, token, scratch)
+              : routing::route_token<8>(r.spec, r.logits, r.logits_bf16, r.correction_bias, token, scratch);
       if (lane < r.top_k) {
-        d.expert[warp * r.top_k + lane] = static_cast<PairIndex>(choice.expert);
-        d.weight[warp * r.top_k + lane] = choice.weight;
+        d.expert[token * r.top_k + lane] = static_cast<PairIndex>(choice.expert);
+        d.weight[token * r.top_k + lane] = choice.weight;
       }
     }
     __syncthreads();

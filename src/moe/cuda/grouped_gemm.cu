@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
     grouped_gemm_kernel(GemmGroups groups, PairLayout layout,
                                                                      Activation activation) {
   constexpr size_t kRouteScratchBytes =
-      kMaxSelfRoutedTokens * routing::route_scratch_floats(kMaxRoutedExperts) * sizeof(float);
+      Cfg::kThreads / 32 * routing::route_scratch_floats(kMaxSelfRoutedExperts) * sizeof(float);
   static_assert(!kSelfRoutes || (kGated && kScales != Scales::kEpilogue && Cfg::kRows == kDecodeTileRows &&
                                  Cfg::kThreads >= kMaxSelfRoutedPairs &&
                                  Cfg::kStages * Cfg::kStageBytes >= kRouteScratchBytes),

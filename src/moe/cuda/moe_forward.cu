@@ -58,8 +58,9 @@ struct WorkspaceLayout {
   uint32_t* amax_bits;           // [groups] dynamic per-tensor amax
   int64_t arrival_scopes = 0;    // GEMM1's fused quantisation: groups of 128 columns per row tile
   int32_t* row_tile_columns;     // GemmGroups::row_tile_columns, after the quantisation's counters, or null
-  int32_t* layout_published;     // SelfRouting::published, after those, or null
-  bool self_routes = false;      // routes_in_gemm1
+  // SelfRouting::published, after those, where GEMM1 may route for itself with the hand-over
+  // (routes_in_gemm1 allowing any number of experts: the routing's inputs decide), or null.
+  int32_t* layout_published;
   bool separate_shared_input = false;  // fp8, shared experts and routed rows x * router weight
   cuda::TilePlan tiles;
   int64_t slots = 0;
@@ -106,8 +107,9 @@ struct WorkspaceLayout {
     take(amax_bits, fp8 ? groups : 0);
     arrival_scopes = spec.quant.scheme == QuantScheme::kFp8Block ? (widest + spec.quant.block_k - 1) / spec.quant.block_k : 0;
     const int64_t hand_over_counters = cuda::hands_over_by_row_tile(tiles, fp8) ? all_tiles : 0;
-    self_routes = cuda::routes_in_gemm1(tiles, s.tokens, spec.quant.scheme, spec.apply_router_weight_on_input);
-    const bool flags_publishing = self_routes && hand_over_counters > 0;
+    const bool flags_publishing =
+        hand_over_counters > 0 &&
+        cuda::routes_in_gemm1(tiles, s.tokens, s.top_k, 0, spec.quant.scheme, spec.apply_router_weight_on_input);
     pairs.arrival_count = all_tiles * arrival_scopes + hand_over_counters + (flags_publishing ? 1 : 0);
     take(pairs.arrivals, pairs.arrival_count);
     row_tile_columns = hand_over_counters > 0 ? pairs.arrivals + all_tiles * arrival_scopes : nullptr;
@@ -272,7 +274,9 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   // A decode step of a few tokens: GEMM1 routes, maps and sorts them itself (SelfRouting), in
   // place of the route and the sort; on fp8_block after x's quantisation, which then zeroes
   // the counters, and its early CTAs wait for it.
-  const bool self_routes = layout.self_routes;
+  const bool self_routes =
+      cuda::routes_in_gemm1(layout.tiles, s.tokens, s.top_k, inputs.router_logits ? s.num_experts : 0,
+                            spec.quant.scheme, spec.apply_router_weight_on_input);
   const bool shared_early =
       shared && layout.tiles.shared_main_tiles > 0 && layout.tiles.tile_rows == cuda::kDecodeTileRows &&
       (!fp8 || (spec.quant.scheme == QuantScheme::kFp8Block && (inputs.router_logits.has_value() || self_routes)));
@@ -358,7 +362,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
     routing.num_experts = static_cast<int>(s.num_experts);
     routing.top_k = static_cast<int>(s.top_k);
     routing.tokens = static_cast<int>(s.tokens);
-    routing.published = layout.layout_published;
+    routing.published = layout.layout_published;  // null without the hand-over
   }
   gemm1.c = layout.intermediate;
   gemm1.c_stride = widest;
@@ -415,7 +419,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm2.c = layout.pair_out;
   gemm2.c_stride = s.hidden;
   gemm2.row_tile_columns = row_tile_columns;
-  gemm2.layout_published = layout.layout_published;
+  if (self_routes) gemm2.layout_published = layout.layout_published;
   // With the hand-over, the decode tile's GEMM2 takes the shared group's tiles first too.
   if (row_tile_columns && layout.tiles.tile_rows == cuda::kDecodeTileRows)
     gemm2.early_shared_tiles = static_cast<int>(layout.tiles.shared_main_tiles);

@@ -220,14 +220,4 @@ __device__ __forceinline__ Choice route_token(const RoutingSpec& spec, const voi
   return {my_id, my_weight};
 }
 
-// route_token with kPerLane chosen at run time (experts_per_lane).
-__device__ inline Choice route_token_of_any_width(const RoutingSpec& spec, const void* logits, bool logits_bf16,
-                                                  const float* bias, int64_t t, float* scratch) {
-  switch (experts_per_lane(spec.num_experts)) {
-    case 4: return route_token<4>(spec, logits, logits_bf16, bias, t, scratch);
-    case 8: return route_token<8>(spec, logits, logits_bf16, bias, t, scratch);
-    default: return route_token<32>(spec, logits, logits_bf16, bias, t, scratch);
-  }
-}
-
 }  // namespace epmoe::cuda::routing
