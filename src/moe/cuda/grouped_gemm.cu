@@ -137,8 +137,7 @@ __device__ RowTile self_routed_tile(const GemmGroups& groups, const DecodePairs&
 // kSelfRoutes: GEMM1 on the decode tile routes for itself (GemmGroups::self_routing).
 template <typename Cfg, bool kGated, Scales kScales, bool kSelfRoutes = false>
 __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multiprocessor<Cfg>() : 1)
-    grouped_gemm_kernel(GemmGroups groups, PairLayout layout,
-                                                                     Activation activation) {
+    grouped_gemm_kernel(GemmGroups groups, PairLayout layout, Activation activation) {
   constexpr size_t kRouteScratchBytes =
       Cfg::kThreads / 32 * routing::route_scratch_floats(kMaxSelfRoutedExperts) * sizeof(float);
   static_assert(!kSelfRoutes || (kGated && kScales != Scales::kEpilogue && Cfg::kRows == kDecodeTileRows &&

@@ -118,6 +118,12 @@ struct EpilogueQuantize {
   // measured, T=1024-16384); tests that compare the codes with the quantiser's over c keep it.
   bool bf16_copy = true;
 };
+// The most tokens, and pairs (a thread of the decode CTA each), a self-routing GEMM1 takes,
+// and the most experts it routes from logits: 8 a lane, whose registers stay within what five
+// e4m3 decode CTAs an SM leave (32 a lane spilled there).
+inline constexpr int kMaxSelfRoutedTokens = 16;
+inline constexpr int kMaxSelfRoutedPairs = 128;
+inline constexpr int kMaxSelfRoutedExperts = 256;
 // The decode GEMM1's own routing (routes_in_gemm1): each of its CTAs of a routed row tile
 // routes the call's few tokens itself (route_token.cuh; or reads precomputed ids), maps and
 // sorts the pairs in shared memory (decode_layout.cuh) and so finds its row tiles, where
@@ -125,12 +131,6 @@ struct EpilogueQuantize {
 // then writes what those two would have (the choices for the combine, PairLayout) for GEMM2
 // and the combine: they wait for GEMM1 as they do for the sort, except GEMM2 taking rows by
 // row tile (e4m3), which waits for `published` instead.
-// The most tokens, and pairs (a thread of the decode CTA each), a self-routing GEMM1 takes,
-// and the most experts it routes from logits: 8 a lane, whose registers stay within what five
-// e4m3 decode CTAs an SM leave (32 a lane spilled there).
-inline constexpr int kMaxSelfRoutedTokens = 16;
-inline constexpr int kMaxSelfRoutedPairs = 128;
-inline constexpr int kMaxSelfRoutedExperts = 256;
 struct SelfRouting {
   bool enabled = false;
   RoutingSpec spec;
@@ -225,11 +225,11 @@ inline bool hands_over_by_row_tile(const TilePlan& plan, bool fp8) {
 }
 // Whether GEMM1 routes for itself (SelfRouting): on the decode tile, up to
 // kMaxSelfRoutedTokens tokens, kMaxSelfRoutedPairs pairs and, routing from logits,
-// kMaxSelfRoutedExperts experts (routed_experts; 0: precomputed ids), bf16 or fp8_block (x
-// quantised first, which also zeroes the
-// counters: the quantiser zeroes them on per-group scales only), the shared group (if any)
-// in the main list (its tiles then start early, GemmGroups::early_shared_tiles), no router
-// weight on the input (its scaling pass needs the weights before GEMM1).
+// kMaxSelfRoutedExperts experts (routed_experts; 0: precomputed ids); bf16 or fp8_block (x
+// quantised first, which also zeroes the counters: the quantiser zeroes them on per-group
+// scales only); the shared group (if any) in the main list (its tiles then start early,
+// GemmGroups::early_shared_tiles); no router weight on the input (its scaling pass needs the
+// weights before GEMM1).
 inline bool routes_in_gemm1(const TilePlan& plan, int64_t tokens, int64_t top_k, int64_t routed_experts,
                             QuantScheme scheme, bool router_weight_on_input) {
   return (scheme == QuantScheme::kBf16 || scheme == QuantScheme::kFp8Block) && !router_weight_on_input &&
