@@ -202,12 +202,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
   // lane's first CTA writes the layout out for GEMM2 and the combine: before its tiles where
   // GEMM2 takes rows by row tile (it reads the layout once out), else after them.
   const bool self_routed = kSelfRoutes && !early;
-  const int lane = tile - early_tiles, lanes = static_cast<int>(gridDim.x) - early_tiles;
-  int routed = lane;
+  const int routed_lane = tile - early_tiles, routed_lanes = static_cast<int>(gridDim.x) - early_tiles;
+  int routed = routed_lane;
   const int32_t* a_row_of_slot = groups.a_row_of_slot;
   auto publish = [&] {
     if constexpr (kSelfRoutes) {
-      if (self_routed && lane == 0 && column_tile == 0)
+      if (self_routed && routed_lane == 0 && column_tile == 0)
         publish_decode_layout(groups.self_routing, decode_pairs(), layout, groups.local_experts, early_tiles,
                               Cfg::kRows);
     }
@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
     }
     if constexpr (kSelfRoutes) {
       __syncthreads();  // every thread is done with the ring before the next tile fills it
-      routed += lanes;
+      routed += routed_lanes;
       tile = early_tiles + routed;
     }
   } while (self_routed && routed < decode_pairs().routed_tiles);
