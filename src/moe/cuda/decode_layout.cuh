@@ -97,27 +97,47 @@ __host__ __device__ inline GroupExtent group_extent(const DecodePairs& d, int pa
   return extent;
 }
 
+// The most tokens a warp of a CTA of kMaxSelfRoutedPairs threads or more routes.
+inline constexpr int kMaxSelfRoutedTokensPerWarp =
+    (kMaxSelfRoutedTokens * 32 + kMaxSelfRoutedPairs - 1) / kMaxSelfRoutedPairs;
+
+// The calling warp's tokens (warp w: w, w + warps, ...) routed in turn, into d's choices;
+// every token's logits are loaded first, so the loads' latency comes once, not per token.
+template <int kPerLane>
+__device__ void route_warp_tokens(const SelfRouting& r, float* scratch, DecodePairs& d) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = static_cast<int>(blockDim.x) / 32;
+  float logits[kMaxSelfRoutedTokensPerWarp][kPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxSelfRoutedTokensPerWarp; ++i)
+    if (warp + i * warps < r.tokens)
+      routing::load_logits<kPerLane>(r.logits, r.logits_bf16, r.num_experts, warp + i * warps, logits[i]);
+#pragma unroll
+  for (int i = 0; i < kMaxSelfRoutedTokensPerWarp; ++i) {
+    const int token = warp + i * warps;
+    if (token >= r.tokens) break;
+    __syncwarp();  // the lanes have read the last token's scores from the scratch
+    const routing::Choice choice = routing::rank_token<kPerLane>(r.spec, logits[i], r.correction_bias, scratch);
+    if (lane < r.top_k) {
+      d.expert[token * r.top_k + lane] = static_cast<PairIndex>(choice.expert);
+      d.weight[token * r.top_k + lane] = choice.weight;
+    }
+  }
+}
+
 // The steps on the CTA (every thread calls it; a thread per pair, blockDim.x at least
-// kMaxSelfRoutedPairs): the choices, routed from the logits (warp w routes tokens w, w +
-// warps, ... in turn, in its route_scratch_floats(E) of `route_scratch`) or read; their
-// groups; their slots; the routed row tiles. Ends on a barrier.
+// kMaxSelfRoutedPairs): the choices, routed from the logits (route_warp_tokens, in each
+// warp's route_scratch_floats(E) of `route_scratch`) or read; their groups; their slots;
+// the routed row tiles. Ends on a barrier.
 __device__ inline void build_decode_pairs(const SelfRouting& r, int tile_rows, float* route_scratch, DecodePairs& d) {
-  const int p = threadIdx.x, warp = p / 32, lane = p % 32;
+  const int p = threadIdx.x, warp = p / 32;
   const int pairs = r.tokens * r.top_k;
   if (r.logits) {
     float* scratch = route_scratch + warp * routing::route_scratch_floats(r.num_experts);
-    for (int token = warp; token < r.tokens; token += static_cast<int>(blockDim.x) / 32) {
-      __syncwarp();  // the lanes have read the last token's scores from the scratch
-      static_assert(kMaxSelfRoutedExperts == 8 * 32, "4 or 8 experts a lane");
-      const routing::Choice choice =
-          r.num_experts <= 4 * 32
-              ? routing::route_token<4>(r.spec, r.logits, r.logits_bf16, r.correction_bias, token, scratch)
-              : routing::route_token<8>(r.spec, r.logits, r.logits_bf16, r.correction_bias, token, scratch);
-      if (lane < r.top_k) {
-        d.expert[token * r.top_k + lane] = static_cast<PairIndex>(choice.expert);
-        d.weight[token * r.top_k + lane] = choice.weight;
-      }
-    }
+    static_assert(kMaxSelfRoutedExperts == 8 * 32, "4 or 8 experts a lane");
+    if (r.num_experts <= 4 * 32)
+      route_warp_tokens<4>(r, scratch, d);
+    else
+      route_warp_tokens<8>(r, scratch, d);
     __syncthreads();
   }
   if (p < pairs) {

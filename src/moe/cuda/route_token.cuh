@@ -142,25 +142,32 @@ struct Choice {
   float weight;
 };
 
-// Routes token t of the router logits [T, E] (f32 or bf16) on the calling warp (every lane
-// calls it); `scratch` is route_scratch_floats(E) of shared memory for this warp alone.
+// This lane's logits (experts lane + 32 i, -inf past E) of token t of the router logits
+// [T, E] (f32 or bf16).
 template <int kPerLane>
-__device__ __forceinline__ Choice route_token(const RoutingSpec& spec, const void* logits, bool logits_bf16,
-                                              const float* bias, int64_t t, float* scratch) {
+__device__ __forceinline__ void load_logits(const void* logits, bool logits_bf16, int num_experts, int64_t t,
+                                            float (&score)[kPerLane]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    const int64_t index = t * num_experts + e;
+    score[i] = e >= num_experts ? -INFINITY
+               : logits_bf16    ? __bfloat162float(static_cast<const __nv_bfloat16*>(logits)[index])
+                                : static_cast<const float*>(logits)[index];
+  }
+}
+
+// Ranks one token on the calling warp (every lane calls it) from its logits (load_logits);
+// `scratch` is route_scratch_floats(E) of shared memory for this warp alone.
+template <int kPerLane>
+__device__ __forceinline__ Choice rank_token(const RoutingSpec& spec, float (&score)[kPerLane], const float* bias,
+                                             float* scratch) {
   const int lane = threadIdx.x % 32;
   const int E = spec.num_experts, k = spec.top_k;
   float* scores = scratch;        // the weights' source
   float* selection = scratch + E;  // what grouped top-k scores its groups by
 
-  float score[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + 32 * i;
-    const int64_t index = t * E + e;
-    score[i] = e >= E          ? -INFINITY
-               : logits_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(logits)[index])
-                             : static_cast<const float*>(logits)[index];
-  }
   const bool softmax = spec.kind == RoutingKind::kSoftmaxTopk ||
                        (spec.kind == RoutingKind::kGroupedTopk && spec.score_func == ScoreFunc::kSoftmax);
   if (softmax) {
@@ -218,6 +225,15 @@ __device__ __forceinline__ Choice route_token(const RoutingSpec& spec, const voi
   if (spec.kind == RoutingKind::kTopkSoftmax || spec.renormalize) my_weight /= total;
   if (spec.kind == RoutingKind::kGroupedTopk) my_weight *= spec.routed_scaling_factor;
   return {my_id, my_weight};
+}
+
+// Routes token t: load_logits, then rank_token.
+template <int kPerLane>
+__device__ __forceinline__ Choice route_token(const RoutingSpec& spec, const void* logits, bool logits_bf16,
+                                              const float* bias, int64_t t, float* scratch) {
+  float score[kPerLane];
+  load_logits<kPerLane>(logits, logits_bf16, spec.num_experts, t, score);
+  return rank_token<kPerLane>(spec, score, bias, scratch);
 }
 
 }  // namespace epmoe::cuda::routing
