@@ -162,7 +162,10 @@ __device__ inline void publish_decode_layout(const SelfRouting& r, const DecodeP
   const bool shared = shared_tiles > 0;
   const int groups = local_experts + (shared ? 1 : 0);
   if (t < pairs) {
-    if (r.logits) r.topk_ids_out[t] = d.expert[t], r.topk_weights_out[t] = d.weight[t];
+    if (r.logits) {
+      r.topk_ids_out[t] = d.expert[t];
+      r.topk_weights_out[t] = d.weight[t];
+    }
     layout.slot_of_pair[t] = d.slot[t];
     if (d.slot[t] >= 0) layout.slot_token[d.slot[t]] = d.slot_token[d.slot[t]];
   }
