@@ -564,9 +564,9 @@ Outputs run_with_precomputed_routing(MoeCase host, IdOf id_of, const std::string
 // routes several tokens in turn from T = 5 on) and writes the layout GEMM2 and the combine
 // read (e4m3: GEMM2 reads it once flagged out): every routing kind, on 4 and 8 experts a
 // lane (E = 128, 256; E = 512 is past kMaxSelfRoutedExperts, so the route and the sort run
-// instead), with the shared experts and an expert map (ranks 0 and 5 of 8); precomputed
-// ids, one expert taking half the pairs; at I = 2048 (64 column tiles) a few routed lanes,
-// each taking several row tiles.
+// instead), with the shared experts and an expert map (ranks 0 and 5 of 8), in bf16, and in
+// fp8_block at E = 256 on rank 5; precomputed ids, one expert taking half the pairs; at
+// I = 2048 (64 column tiles) a few routed lanes, each taking several row tiles.
 TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
   for (int64_t tokens : {1, 3, 16}) {
     for (int experts : {128, 256, 512})
@@ -581,7 +581,8 @@ TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
           const std::string what = std::string(routing_kind_name(kind)) + " E " + std::to_string(experts) + " T " +
                                    std::to_string(tokens) + " rank " + std::to_string(rank);
           expect_gpu_matches_cpu(options, what, 1e-2);
-          if (tokens == 1) continue;  // fp8_block at T = 1: GpuFp8VsCpu, every preset
+          // fp8_block (pooled draws, so fewer cases): at T = 1 GpuFp8VsCpu has every preset.
+          if (tokens == 1 || experts != 256 || rank != 5) continue;
           expect_fp8_matches_over_draws(
               tokens,
               [&] {
