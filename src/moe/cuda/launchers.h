@@ -120,8 +120,11 @@ struct EpilogueQuantize {
 };
 // The most tokens, and pairs (a thread of the decode CTA each), a self-routing GEMM1 takes,
 // and the most experts it routes from logits: 8 a lane, whose registers stay within what five
-// e4m3 decode CTAs an SM leave (32 a lane spilled there).
-inline constexpr int kMaxSelfRoutedTokens = 16;
+// e4m3 decode CTAs an SM leave (32 a lane spilled there). Tokens: one a warp. Up to 16 (four
+// a warp in turn) lost 8-68% at T = 4 / 16 against the route and the sort (ep=8, one H100,
+// docs/KERNELS.md, nineteenth session), also where a warp still had one token (T = 4):
+// the larger routing code slows the GEMM kernel it sits in.
+inline constexpr int kMaxSelfRoutedTokens = 4;
 inline constexpr int kMaxSelfRoutedPairs = 128;
 inline constexpr int kMaxSelfRoutedExperts = 256;
 // The decode GEMM1's own routing (routes_in_gemm1): each of its CTAs of a routed row tile
