@@ -284,6 +284,44 @@ TEST(TileSchedule, ConfigsFollowTheLikelyLaunchSize) {
 // sort_pairs' blocks: one up to kPairsInOneSortBlock pairs, else one per kPairsPerSortBlock;
 // and the plan that test_sort_pairs_gpu's shared_list_apart_eight_blocks case needs (the
 // heuristic may move).
+// Where GEMM1 routes for itself (routes_in_gemm1): the schemes, token and expert limits, and
+// the early CTAs with one routed lane held by the SMs at once (worked out for 132 SMs).
+TEST(TileSchedule, GemmRoutesForItselfOnlyWhereMeasuredFaster) {
+  if (cuda::multiprocessor_count() != 132) GTEST_SKIP() << "worked out for 132 SMs (the H200's, and the fallback)";
+  struct Case {
+    const char* what;
+    int64_t tokens, top_k, experts, local, shared_intermediate, intermediate;
+    QuantScheme scheme;
+    bool router_weight_on_input, expected;
+  };
+  const QuantScheme bf16 = QuantScheme::kBf16, fp8 = QuantScheme::kFp8Block;
+  for (const Case& c : {
+           // deepseek-v3 ep=8: the shared expert's 64 early CTAs and 64 of a lane fit one an SM.
+           Case{"deepseek-v3 bf16 T=1", 1, 8, 256, 32, 2048, 2048, bf16, false, true},
+           Case{"deepseek-v3 bf16 T=2", 2, 8, 256, 32, 2048, 2048, bf16, false, true},
+           Case{"deepseek-v3 bf16 T=4 (bf16 lost there)", 4, 8, 256, 32, 2048, 2048, bf16, false, false},
+           Case{"deepseek-v3 fp8_block T=4", 4, 8, 256, 32, 2048, 2048, fp8, false, true},
+           Case{"deepseek-v3 fp8_block T=5 (past the tokens)", 5, 8, 256, 32, 2048, 2048, fp8, false, false},
+           Case{"qwen3-30b-a3b fp8_block T=1", 1, 8, 128, 16, 0, 768, fp8, false, true},
+           // mixtral-8x7b ep=8: 448 column tiles, 264 bf16 CTAs at once; 660 e4m3 (4 stages).
+           Case{"mixtral-8x7b bf16 T=1", 1, 2, 8, 1, 0, 14336, bf16, false, false},
+           Case{"mixtral-8x7b fp8_block T=1", 1, 2, 8, 1, 0, 14336, fp8, false, true},
+           Case{"E = 512 from logits (past the experts)", 1, 8, 512, 64, 0, 768, bf16, false, false},
+           Case{"router weight on the input", 1, 1, 16, 2, 8192, 8192, bf16, true, false},
+           Case{"fp8_channel", 1, 8, 128, 16, 0, 768, QuantScheme::kFp8Channel, false, false},
+       }) {
+    const cuda::TilePlan plan =
+        cuda::plan_tiles(c.tokens, c.top_k, c.experts, c.local, c.shared_intermediate, 4096, c.intermediate);
+    const int64_t out_cols = std::max(c.intermediate, c.shared_intermediate);
+    EXPECT_EQ(cuda::routes_in_gemm1(plan, c.tokens, c.top_k, c.experts, out_cols, c.scheme, c.router_weight_on_input),
+              c.expected)
+        << c.what;
+  }
+  // Precomputed ids need no routing in GEMM1: any number of experts.
+  const cuda::TilePlan plan = cuda::plan_tiles(1, 8, 512, 64, 0, 4096, 768);
+  EXPECT_TRUE(cuda::routes_in_gemm1(plan, 1, 8, 0, 768, QuantScheme::kBf16, false));
+}
+
 TEST(TileSchedule, SortTakesOneBlockUpToEightThousandPairsThenABlockPerTwoThousand) {
   EXPECT_EQ(cuda::sort_blocks(0), 1);
   EXPECT_EQ(cuda::sort_blocks(cuda::kPairsInOneSortBlock), 1);

@@ -559,15 +559,15 @@ Outputs run_with_precomputed_routing(MoeCase host, IdOf id_of, const std::string
   return {first, cpu_output(host)};
 }
 
-// Decode steps of up to 4 tokens (cuda::kMaxSelfRoutedTokens), where GEMM1 routes, maps and
-// sorts them itself (cuda::SelfRouting; bf16 and fp8_block) and writes the layout GEMM2 and
-// the combine read (e4m3: GEMM2 reads it once flagged out), and past the limits, where the
-// route and the sort run (T = 16, E = 512): every routing kind, on 4 and 8 experts a lane
-// (E = 128, 256), with the shared experts and an expert map (ranks 0 and 5 of 8), in bf16,
-// and in fp8_block at E = 256 on rank 5; precomputed ids, one expert taking half the pairs;
-// at I = 2048 (64 column tiles) a few routed lanes, each taking several row tiles.
+// Decode steps of up to 4 tokens on fp8_block and 2 on bf16 (cuda::kMaxSelfRoutedTokens,
+// Bf16), where GEMM1 routes, maps and sorts them itself (cuda::SelfRouting) and writes the
+// layout GEMM2 and the combine read (e4m3: GEMM2 reads it once flagged out), and past the
+// limits, where the route and the sort run (T = 16, E = 512): every routing kind, on 4 and 8
+// experts a lane (E = 128, 256), with the shared experts and an expert map (ranks 0 and 5 of
+// 8), in bf16, and in fp8_block at E = 256 on rank 5; precomputed ids, one expert taking half
+// the pairs; at I = 2048 (64 column tiles) a few routed lanes, each taking several row tiles.
 TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
-  for (int64_t tokens : {1, 4, 16}) {
+  for (int64_t tokens : {1, 2, 4, 16}) {
     for (int experts : {128, 256, 512})
       for (RoutingKind kind : {RoutingKind::kSoftmaxTopk, RoutingKind::kTopkSoftmax, RoutingKind::kSigmoidTopk,
                                RoutingKind::kGroupedTopk})
@@ -601,16 +601,16 @@ TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
         [](int64_t i) { return i % 4 < 2 ? 5 : 3 + static_cast<int32_t>(i % 7) * 19; }, what);
     expect_close(outputs.gpu, outputs.cpu, what);
   }
-  // deepseek-v3 rank 0 of 8 holds experts 0..31; seven of them take the 32 pairs of 4 tokens.
-  // (fp8_block: pooled over four draws, as expect_fp8_matches_over_draws says why.)
-  RandomCaseOptions wide = preset_options(*find_preset("deepseek-v3"), 4, false, 8, 0);
+  // deepseek-v3 rank 0 of 8 holds experts 0..31; seven of them take the 16 pairs of 2 tokens.
+  // (fp8_block: pooled over eight draws, as expect_fp8_matches_over_draws says why.)
+  RandomCaseOptions wide = preset_options(*find_preset("deepseek-v3"), 2, false, 8, 0);
   wide.intermediate = 2048;
   auto seven_experts = [](int64_t i) { return static_cast<int32_t>(i % 7) * 5; };
   const Outputs bf16 = run_with_precomputed_routing(host_case(wide), seven_experts, "seven experts, I = 2048");
   expect_close(bf16.gpu, bf16.cpu, "seven experts, I = 2048");
   wide.spec.quant.scheme = QuantScheme::kFp8Block;
   Outputs pooled;
-  for (int draw = 0; draw < 4; ++draw) {
+  for (int draw = 0; draw < 8; ++draw) {
     wide.seed = fresh_seed();
     const std::string what = "seven experts, I = 2048, fp8_block, seed " + std::to_string(wide.seed);
     const Outputs outputs = run_with_precomputed_routing(host_case(wide), seven_experts, what);

@@ -680,6 +680,31 @@ double expected_tiles_per_expert(int64_t tokens, double pick, int tile_rows) {
   return expected;
 }
 
+bool routes_in_gemm1(const TilePlan& plan, int64_t tokens, int64_t top_k, int64_t routed_experts, int64_t out_cols,
+                     QuantScheme scheme, bool router_weight_on_input) {
+  const bool fp8 = scheme == QuantScheme::kFp8Block;
+  if ((!fp8 && scheme != QuantScheme::kBf16) || router_weight_on_input || plan.tile_rows != kDecodeTileRows ||
+      plan.shared_tiles > 0 || tokens * top_k > kMaxSelfRoutedPairs || routed_experts > kMaxSelfRoutedExperts)
+    return false;
+  // Measured against the route and the sort (ep=8, one H100, docs/KERNELS.md, nineteenth
+  // session): e4m3 -3 to -18% at T = 1-4; bf16 -3 to -8% at T = 1-2 but +1.3 to +2.3% at
+  // T = 4. Up to 16 tokens (a warp routing four in turn) lost 8-68% at T = 4-16, even with one
+  // token a warp at T = 4: the larger routing code slowed the GEMM it sits in.
+  if (tokens > (fp8 ? kMaxSelfRoutedTokens : kMaxSelfRoutedTokensBf16)) return false;
+  // Every routed CTA routes before it knows its tiles: where the early CTAs and one routed lane
+  // are more than the SMs hold at once, later waves pay the routing again (mixtral-8x7b bf16,
+  // 448 column tiles against 264 resident CTAs: +0.8 / +1.6% at T = 1 / 2).
+  const int64_t column_tiles = column_tile_count(out_cols, DecodeConfig::kCols, /*gated=*/true);
+  int64_t per_multiprocessor = 0;
+  switch (choose_decode_stages(fp8, plan.likely_tiles * column_tiles)) {
+    case DecodeDeepConfig::kStages: per_multiprocessor = ctas_per_multiprocessor<DecodeDeepConfig>(); break;
+    case DecodeConfig::kStages: per_multiprocessor = ctas_per_multiprocessor<DecodeConfig>(); break;
+    case DecodeFp8Config::kStages: per_multiprocessor = ctas_per_multiprocessor<DecodeFp8Config>(); break;
+    default: per_multiprocessor = ctas_per_multiprocessor<DecodeFp8ShallowConfig>(); break;
+  }
+  return (plan.shared_main_tiles + 1) * column_tiles <= per_multiprocessor * multiprocessor_count();
+}
+
 int choose_tile_rows(int64_t rows_per_group) {
   if (rows_per_group <= DecodeConfig::kRows) return DecodeConfig::kRows;
   // The warp-specialised 128-row tile overlaps its loads with the tensor cores where the

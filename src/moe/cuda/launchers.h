@@ -120,11 +120,10 @@ struct EpilogueQuantize {
 };
 // The most tokens, and pairs (a thread of the decode CTA each), a self-routing GEMM1 takes,
 // and the most experts it routes from logits: 8 a lane, whose registers stay within what five
-// e4m3 decode CTAs an SM leave (32 a lane spilled there). Tokens: one a warp. Up to 16 (four
-// a warp in turn) lost 8-68% at T = 4 / 16 against the route and the sort (ep=8, one H100,
-// docs/KERNELS.md, nineteenth session), also where a warp still had one token (T = 4):
-// the larger routing code slows the GEMM kernel it sits in.
+// e4m3 decode CTAs an SM leave (32 a lane spilled there). Tokens: one a warp, and bf16 at most
+// 2 (routes_in_gemm1 says why).
 inline constexpr int kMaxSelfRoutedTokens = 4;
+inline constexpr int kMaxSelfRoutedTokensBf16 = 2;
 inline constexpr int kMaxSelfRoutedPairs = 128;
 inline constexpr int kMaxSelfRoutedExperts = 256;
 // The decode GEMM1's own routing (routes_in_gemm1): each of its CTAs of a routed row tile
@@ -226,19 +225,16 @@ inline bool hands_over_by_row_tile(const TilePlan& plan, bool fp8) {
   return (plan.tile_rows == kSpecializedTileRows || (fp8 && plan.tile_rows == kDecodeTileRows)) &&
          plan.shared_tiles == 0;
 }
-// Whether GEMM1 routes for itself (SelfRouting): on the decode tile, up to
-// kMaxSelfRoutedTokens tokens, kMaxSelfRoutedPairs pairs and, routing from logits,
-// kMaxSelfRoutedExperts experts (routed_experts; 0: precomputed ids); bf16 or fp8_block (x
-// quantised first, which also zeroes the counters: the quantiser zeroes them on per-group
-// scales only); the shared group (if any) in the main list (its tiles then start early,
-// GemmGroups::early_shared_tiles); no router weight on the input (its scaling pass needs the
-// weights before GEMM1).
-inline bool routes_in_gemm1(const TilePlan& plan, int64_t tokens, int64_t top_k, int64_t routed_experts,
-                            QuantScheme scheme, bool router_weight_on_input) {
-  return (scheme == QuantScheme::kBf16 || scheme == QuantScheme::kFp8Block) && !router_weight_on_input &&
-         plan.tile_rows == kDecodeTileRows && plan.shared_tiles == 0 && tokens <= kMaxSelfRoutedTokens &&
-         tokens * top_k <= kMaxSelfRoutedPairs && routed_experts <= kMaxSelfRoutedExperts;
-}
+// Whether GEMM1 routes for itself (SelfRouting), grouped_gemm.cu: on the decode tile, up to
+// kMaxSelfRoutedTokens tokens (bf16 kMaxSelfRoutedTokensBf16), kMaxSelfRoutedPairs pairs and,
+// routing from logits, kMaxSelfRoutedExperts experts (routed_experts; 0: precomputed ids);
+// bf16 or fp8_block (x quantised first, which also zeroes the counters: the quantiser zeroes
+// them on per-group scales only); the shared group (if any) in the main list (its tiles then
+// start early, GemmGroups::early_shared_tiles); no router weight on the input (its scaling
+// pass needs the weights before GEMM1); and the early CTAs with one routed lane, over GEMM1's
+// out_cols output columns, held by the SMs at once.
+bool routes_in_gemm1(const TilePlan& plan, int64_t tokens, int64_t top_k, int64_t routed_experts, int64_t out_cols,
+                     QuantScheme scheme, bool router_weight_on_input);
 // How many ways GEMM2 splits K: where its CTAs (expected_row_tiles x the column tiles of
 // n) fill less than one wave of the CTAs the SMs hold at once (few experts, few tiles, at
 // any tile height), as many as keep it within that wave; each split keeps at least four

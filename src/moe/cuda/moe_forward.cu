@@ -108,8 +108,8 @@ struct WorkspaceLayout {
     arrival_scopes = spec.quant.scheme == QuantScheme::kFp8Block ? (widest + spec.quant.block_k - 1) / spec.quant.block_k : 0;
     const int64_t hand_over_counters = cuda::hands_over_by_row_tile(tiles, fp8) ? all_tiles : 0;
     const bool flags_publishing =
-        hand_over_counters > 0 &&
-        cuda::routes_in_gemm1(tiles, s.tokens, s.top_k, 0, spec.quant.scheme, spec.apply_router_weight_on_input);
+        hand_over_counters > 0 && cuda::routes_in_gemm1(tiles, s.tokens, s.top_k, 0, widest, spec.quant.scheme,
+                                                        spec.apply_router_weight_on_input);
     pairs.arrival_count = all_tiles * arrival_scopes + hand_over_counters + (flags_publishing ? 1 : 0);
     take(pairs.arrivals, pairs.arrival_count);
     row_tile_columns = hand_over_counters > 0 ? pairs.arrivals + all_tiles * arrival_scopes : nullptr;
@@ -274,9 +274,9 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   // A decode step of a few tokens: GEMM1 routes, maps and sorts them itself (SelfRouting), in
   // place of the route and the sort; on fp8_block after x's quantisation, which then zeroes
   // the counters, and its early CTAs wait for it.
-  const bool self_routes =
-      cuda::routes_in_gemm1(layout.tiles, s.tokens, s.top_k, inputs.router_logits ? s.num_experts : 0,
-                            spec.quant.scheme, spec.apply_router_weight_on_input);
+  const bool self_routes = cuda::routes_in_gemm1(
+      layout.tiles, s.tokens, s.top_k, inputs.router_logits ? s.num_experts : 0,
+      std::max(s.intermediate, s.shared_intermediate), spec.quant.scheme, spec.apply_router_weight_on_input);
   const bool shared_early =
       shared && layout.tiles.shared_main_tiles > 0 && layout.tiles.tile_rows == cuda::kDecodeTileRows &&
       (!fp8 || (spec.quant.scheme == QuantScheme::kFp8Block && (inputs.router_logits.has_value() || self_routes)));
