@@ -94,7 +94,8 @@ constexpr int64_t ctas_per_multiprocessor() {
 static_assert(ctas_per_multiprocessor<DecodeFp8Config>() == 3 &&
               ctas_per_multiprocessor<DecodeFp8ShallowConfig>() == 5 &&
               ctas_per_multiprocessor<DecodeDeepConfig>() == 1);
-// The self-routing GEMM1's static DecodePairs leaves these counts as they are.
+// The self-routing GEMM1's static DecodePairs leaves these counts as they are (its launch
+// and routes_in_gemm1 read ctas_per_multiprocessor).
 template <typename Cfg>
 constexpr int64_t ctas_per_multiprocessor_self_routing() {
   return 228 * 1024 / (Cfg::kSharedBytes + sizeof(DecodePairs) + 1024);
@@ -616,7 +617,7 @@ cudaError_t launch_config(const GemmGroups& groups, const PairLayout& layout, in
     // Routed lanes (a CTA each per column tile) for the resident CTAs the early ones leave, at
     // least one, at most the routed row tiles there may be.
     const int64_t early = groups.early_shared_tiles;
-    const int64_t resident = ctas_per_multiprocessor_self_routing<Cfg>() * multiprocessor_count();
+    const int64_t resident = ctas_per_multiprocessor<Cfg>() * multiprocessor_count();
     row_ctas = early + std::clamp<int64_t>((resident - early * column_tiles) / column_tiles, 1, max_tiles - early);
   }
   const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(column_tiles),

@@ -274,9 +274,10 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   // A decode step of a few tokens: GEMM1 routes, maps and sorts them itself (SelfRouting), in
   // place of the route and the sort; on fp8_block after x's quantisation, which then zeroes
   // the counters, and its early CTAs wait for it.
-  const bool self_routes = cuda::routes_in_gemm1(
-      layout.tiles, s.tokens, s.top_k, inputs.router_logits ? s.num_experts : 0,
-      std::max(s.intermediate, s.shared_intermediate), spec.quant.scheme, spec.apply_router_weight_on_input);
+  const int64_t widest = std::max(s.intermediate, s.shared_intermediate);
+  const bool self_routes =
+      cuda::routes_in_gemm1(layout.tiles, s.tokens, s.top_k, inputs.router_logits ? s.num_experts : 0, widest,
+                            spec.quant.scheme, spec.apply_router_weight_on_input);
   const bool shared_early =
       shared && layout.tiles.shared_main_tiles > 0 && layout.tiles.tile_rows == cuda::kDecodeTileRows &&
       (!fp8 || (spec.quant.scheme == QuantScheme::kFp8Block && (inputs.router_logits.has_value() || self_routes)));
@@ -321,7 +322,6 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
     routed_input = layout.x_scaled;
   }
 
-  const int64_t widest = std::max(s.intermediate, s.shared_intermediate);
   // GEMM1 quantises its own output for GEMM2 where a scale covers at most 128 columns of a
   // row (fp8_block, or a static scale); per-token and dynamic per-tensor scales, which span
   // whole rows, keep the separate pass (EpilogueQuantize says why).
