@@ -318,7 +318,7 @@ TEST(GpuMoe, DecodeTileOnEveryRingDepth) {
     int64_t tokens;
     int ranks, bf16_stages, fp8_stages;
   };
-  for (const DepthCase& c : {DepthCase{64, 8, 16, 6}, DepthCase{256, 8, 8, 6}, DepthCase{64, 1, 8, 4}})
+  for (const DepthCase& c : {DepthCase{64, 8, 16, 6}, DepthCase{256, 8, 8, 6}, DepthCase{64, 1, 8, 5}})
     for (QuantScheme scheme : {QuantScheme::kBf16, QuantScheme::kFp8Block}) {
       RandomCaseOptions options = preset_options(*find_preset("qwen3-30b-a3b"), c.tokens, false, c.ranks, 0);
       options.spec.quant.scheme = scheme;
@@ -333,6 +333,30 @@ TEST(GpuMoe, DecodeTileOnEveryRingDepth) {
       expect_gpu_matches_cpu(options, std::string(quant_scheme_name(scheme)) + " T " + std::to_string(c.tokens) +
                                           " ranks " + std::to_string(c.ranks),
                              fp8 ? 3e-2 : 1e-2);
+    }
+}
+
+// The e4m3 decode tile sums DecodeFp8Config::kTilesPerWait K tiles a wgmma wait
+// (grouped_gemm.cu): K tile counts that rounds do not divide and a single K tile. deepseek-v3's
+// routing on rank 0 of eight at T = 1 (GEMM1 routing for itself) and 7: H = 384 / 640 gives
+// GEMM1 three / five K tiles, I = 128 the routed GEMM2 one, I_s = 384 the shared GEMM2 three.
+TEST(GpuMoe, E4m3DecodeTileOnOddKTileCounts) {
+  for (int64_t tokens : {1, 7})
+    for (int64_t hidden : {384, 640}) {
+      const std::string what = "T " + std::to_string(tokens) + " H " + std::to_string(hidden);
+      const cuda::TilePlan plan = cuda::plan_tiles(tokens, 8, 256, 32, 384, hidden, 128);
+      ASSERT_EQ(plan.tile_rows, 16) << what << ": the case no longer covers what it names";
+      expect_fp8_matches_over_draws(
+          tokens,
+          [&] {
+            RandomCaseOptions options = preset_options(*find_preset("deepseek-v3"), tokens, false, 8, 0);
+            options.spec.quant.scheme = QuantScheme::kFp8Block;
+            options.hidden = hidden;
+            options.intermediate = 128;
+            options.shared_intermediate = 384;
+            return options;
+          },
+          what);
     }
 }
 

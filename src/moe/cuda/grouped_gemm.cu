@@ -52,10 +52,13 @@ enum class Instruction { kMmaSync, kWgmma, kWgmmaSwapped };
 //             m64 over the Cols = 64 weight rows and n16 over the Rows = 16 token rows, so the
 //             weights stream through wgmma (e4m3 has no native mma.sync on sm_90); warp w
 //             holds weight rows 16w..16w+15.
-template <Instruction Kind, int Rows, int Cols, int Stages, int WarpsM, int WarpsN>
+template <Instruction Kind, int Rows, int Cols, int Stages, int WarpsM, int WarpsN, int TilesPerWait = 1>
 struct Config {
   static constexpr Instruction kInstruction = Kind;
   static constexpr int kRows = Rows, kCols = Cols, kStages = Stages, kWarpsN = WarpsN;
+  // wgmma: the K tiles whose sums one wait completes (e4m3 needs a K tile's sums for its
+  // scales; a wait per K tile held the swapped decode tile's loop, ~14 GB/s a CTA at T=1).
+  static constexpr int kTilesPerWait = TilesPerWait;
   static constexpr int kThreads = WarpsM * WarpsN * 32;
   static constexpr int kWarpRows = Rows / WarpsM, kWarpCols = Cols / WarpsN;
   static constexpr int kMmaM = kWarpRows / 16, kMmaN = kWarpCols / 8;
@@ -67,24 +70,27 @@ struct Config {
                 "wgmma configs: one warp per 16 rows, m64n128 per warpgroup");
   static_assert(Kind != Instruction::kWgmmaSwapped || (Rows == 16 && Cols == 64 && WarpsM == 1 && WarpsN == 4),
                 "swapped wgmma: one warpgroup, m64 over 64 weight rows, n16 over 16 tokens (kMmaN = Rows / 8)");
+  static_assert(TilesPerWait == 1 || (Kind == Instruction::kWgmmaSwapped && TilesPerWait < Stages),
+                "K tiles a wait: the swapped tile's small sums, and a ring that holds them and a stage in flight");
 };
 
 // Decode: narrow column tiles (twice the CTAs of 128) and a deep ring, so even one or two
 // experts keep every SM streaming. bf16 on mma.sync with 8 stages of 8 KiB of weights (two
 // CTAs an SM; 6 stages lost up to 13% on mixtral-8x7b). e4m3 on swapped wgmma, same tiles:
-// its K loop waits on each K tile's wgmma before applying the scales, and more resident CTAs
-// hide that wait where a deeper ring does not. 6 stages (three CTAs an SM) while the SMs hold
-// a launch's CTAs at once, else 4 (five an SM). Measured against 8 (ep=8, one H200,
-// docs/KERNELS.md): 6 stages deepseek-v3 fp8_block T=2-16 -7 to -10%; 4 stages up to -22%
-// from about one row an expert on, but up to +18% at T=1-4.
+// its K loop waits on the wgmma of two K tiles at a time before applying their scales, and
+// more resident CTAs hide that wait where a deeper ring does not. 6 stages (three CTAs an SM)
+// while the SMs hold a launch's CTAs at once, else 5 (four an SM). Measured against 8 (ep=8,
+// one H200, docs/KERNELS.md): 6 stages deepseek-v3 fp8_block T=2-16 -7 to -10%. Two tiles a
+// wait with 5 shallow stages, against one tile a wait with 4 (ep=8, one H100, twenty-first
+// session): deepseek-v3 T=1 -6.4%, qwen3-235b-a22b T=64 -7.1%, mixtral-8x7b T=64 -5.6%.
 // Where a launch's likely CTAs fit one an SM (a decode step over one or two experts), bf16
 // takes a 16-stage ring instead: a CTA's K loop then streams what its ring has in flight
 // (about 2 us of memory latency at T=1). T=1, ep=8: deepseek-v3 -9.1%, the other presets
 // -0.4 to -2.3%; e4m3 on 16 stages lost 11% on deepseek-v3 (docs/KERNELS.md, ninth session).
 // choose_decode_stages picks the depth.
 using DecodeConfig = Config<Instruction::kMmaSync, kDecodeTileRows, 64, 8, 1, 4>;
-using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, kDecodeTileRows, 64, 6, 1, 4>;
-using DecodeFp8ShallowConfig = Config<Instruction::kWgmmaSwapped, kDecodeTileRows, 64, 4, 1, 4>;
+using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, kDecodeTileRows, 64, 6, 1, 4, 2>;
+using DecodeFp8ShallowConfig = Config<Instruction::kWgmmaSwapped, kDecodeTileRows, 64, 5, 1, 4, 2>;
 using DecodeDeepConfig = Config<Instruction::kMmaSync, kDecodeTileRows, 64, 16, 1, 4>;
 // CTAs of a config an SM holds: its 228 KiB of shared memory, 1 KiB of each CTA's reserved.
 template <typename Cfg>
@@ -92,7 +98,7 @@ constexpr int64_t ctas_per_multiprocessor() {
   return 228 * 1024 / (Cfg::kSharedBytes + 1024);
 }
 static_assert(ctas_per_multiprocessor<DecodeFp8Config>() == 3 &&
-              ctas_per_multiprocessor<DecodeFp8ShallowConfig>() == 5 &&
+              ctas_per_multiprocessor<DecodeFp8ShallowConfig>() == 4 &&
               ctas_per_multiprocessor<DecodeDeepConfig>() == 1);
 // The self-routing GEMM1's static DecodePairs leaves these counts as they are (its launch
 // and routes_in_gemm1 read ctas_per_multiprocessor).
@@ -310,7 +316,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
     // acc, times the stage's scales when they change along K (a K tile is 128 elements, one
     // fp8_block block); else acc is scaled once before the epilogue.
     constexpr bool kPerKTile = kScales == Scales::kPerKTile;
-    float stage_acc[kFp8 ? Cfg::kMmaM : 1][kFp8 ? Cfg::kMmaN : 1][4];
+    constexpr int kRound = Cfg::kTilesPerWait;
+    float stage_acc[kFp8 ? kRound : 1][kFp8 ? Cfg::kMmaM : 1][kFp8 ? Cfg::kMmaN : 1][4];
     const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
     const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
     // Scale indices, fixed over the K loop: of this thread's fragment rows (A) and columns (B).
@@ -377,38 +384,45 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
                     sums[mi][ni][half * 2 + j] * (a_scale[mi][half] * b_scale[b_scale_of(ni, j)]);
       }
     };
-    // fp8_block: the next K tile's scales are loaded while this tile's products are formed.
-    RowScales a_now, a_next;
-    ColumnScales b_now, b_next;
-    auto next_scales = [&](int k_tile, bool more) {
+    // fp8_block: the next round's K tiles' scales are loaded while this round's products are
+    // formed (a round: the kRound K tiles of one wgmma wait).
+    RowScales a_now[kRound], a_next[kRound];
+    ColumnScales b_now[kRound], b_next[kRound];
+    // `first_k_tile` this round's first K tile, `tiles_after` the K tiles after the round.
+    auto next_scales = [&](int first_k_tile, int tiles_after) {
       if constexpr (kPerKTile) {
 #pragma unroll
-        for (int mi = 0; mi < kAScaleRows; ++mi) a_now[mi][0] = a_next[mi][0], a_now[mi][1] = a_next[mi][1];
+        for (int r = 0; r < kRound; ++r) {
 #pragma unroll
-        for (int c = 0; c < kBScales; ++c) b_now[c] = b_next[c];
-        if (more) load_scales(k_tile + 1, a_next, b_next);
+          for (int mi = 0; mi < kAScaleRows; ++mi) a_now[r][mi][0] = a_next[r][mi][0], a_now[r][mi][1] = a_next[r][mi][1];
+#pragma unroll
+          for (int c = 0; c < kBScales; ++c) b_now[r][c] = b_next[r][c];
+          if (r < tiles_after) load_scales(first_k_tile + kRound + r, a_next[r], b_next[r]);
+        }
       }
     };
-    auto promote_stage = [&] {
+    // Round r's K tile's sums into acc.
+    auto promote_stage = [&](int r) {
       if constexpr (kPerKTile) {
-        add_scaled(acc, stage_acc, a_now, b_now);
+        add_scaled(acc, stage_acc[r], a_now[r], b_now[r]);
       } else if constexpr (kFp8) {
 #pragma unroll
         for (int mi = 0; mi < Cfg::kMmaM; ++mi)
 #pragma unroll
           for (int ni = 0; ni < Cfg::kMmaN; ++ni)
 #pragma unroll
-            for (int q = 0; q < 4; ++q) acc[mi][ni][q] += stage_acc[mi][ni][q];
+            for (int q = 0; q < 4; ++q) acc[mi][ni][q] += stage_acc[r][mi][ni][q];
       }
     };
-    // Where the tensor cores accumulate: per stage (fp8), or straight into acc (bf16).
-    auto& sums = *[&] {
+    // Where the tensor cores accumulate round r's K tile (the one m16 row block of a wgmma
+    // warp): its own sums (fp8), or straight into acc (bf16).
+    auto round_sums = [&](int r) -> float(&)[Cfg::kMmaN][4] {
       if constexpr (kFp8) {
-        return &stage_acc;
+        return stage_acc[r][0];
       } else {
-        return &acc;
+        return acc[0];
       }
-    }();
+    };
 
     // Split K (blockIdx.z of gridDim.z): this CTA sums K tiles [first_k_tile, + k_tiles).
     const auto [first_k_tile, k_tiles] =
@@ -428,8 +442,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
       }
       asm volatile("cp.async.commit_group;\n");
     }
-    if constexpr (kPerKTile)
-      if (k_tiles > 0) load_scales(first_k_tile, a_next, b_next);
+    if constexpr (kPerKTile) {
+#pragma unroll
+      for (int r = 0; r < kRound; ++r)
+        if (r < k_tiles) load_scales(first_k_tile + r, a_next[r], b_next[r]);
+    }
     if constexpr (Cfg::kInstruction == Instruction::kMmaSync) {
       // Warp w takes k16 step w of every stage over all the tile's columns: kTileMmaN
       // independent mma a stage, where a warp over its own 16 columns would chain its two
@@ -477,44 +494,55 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
     } else {
       // Warpgroup g multiplies rows 64g..64g+63 of the A tile by the whole B tile. bf16: one
       // wgmma group stays in flight while the next stage lands; fp8: the stage's sums are
-      // needed for the promotion, so each group completes first. A stage is refilled only
-      // after every warpgroup's wgmma on it has completed (wait_group, then the barrier).
+      // needed for the promotion, so each group completes first, a round of kRound K tiles
+      // (each into sums of its own) at a time. A stage is refilled only after every
+      // warpgroup's wgmma on it has completed (wait_group, then the barrier).
       const int warpgroup = warp / 4;
-      for (int kt = 0; kt < k_tiles; ++kt) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 2));
+      for (int kt = 0; kt < k_tiles; kt += kRound) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 1 - kRound));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async data -> tensor cores
         __syncthreads();
-        const uint8_t* a_tile = shared_tiles + (kt % Cfg::kStages) * Cfg::kStageBytes;
-        const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
-        // Swapped: the weights are wgmma's A (m64), the tokens its B (n16).
-        const uint64_t a_descriptor = wgmma_descriptor(kSwapped ? b_tile : a_tile + warpgroup * 64 * kRowBytes);
-        const uint64_t b_descriptor = wgmma_descriptor(kSwapped ? a_tile : b_tile);
-        next_scales(first_k_tile + kt, kt + 1 < k_tiles);
+        next_scales(first_k_tile + kt, k_tiles - kt - kRound);
         wgmma_fence();
-        // +32 bytes along K inside the swizzle atom; fp8 starts a fresh sum
+        // (A round past the last K tile multiplies a stage it does not promote: every wgmma of
+        // the loop stays unconditional.)
 #pragma unroll
-        for (int kk = 0; kk < kStepsPerStage; ++kk)
-          wgmma_step<kSwapped ? Cfg::kRows : Cfg::kCols, kFp8>(sums[0], a_descriptor + 2 * kk, b_descriptor + 2 * kk,
-                                                               !kFp8 || kk > 0);
+        for (int r = 0; r < kRound; ++r) {
+          const uint8_t* a_tile = shared_tiles + ((kt + r) % Cfg::kStages) * Cfg::kStageBytes;
+          const uint8_t* b_tile = a_tile + Cfg::kRows * kRowBytes;
+          // Swapped: the weights are wgmma's A (m64), the tokens its B (n16).
+          const uint64_t a_descriptor = wgmma_descriptor(kSwapped ? b_tile : a_tile + warpgroup * 64 * kRowBytes);
+          const uint64_t b_descriptor = wgmma_descriptor(kSwapped ? a_tile : b_tile);
+          // +32 bytes along K inside the swizzle atom; fp8 starts a fresh sum
+#pragma unroll
+          for (int kk = 0; kk < kStepsPerStage; ++kk)
+            wgmma_step<kSwapped ? Cfg::kRows : Cfg::kCols, kFp8>(round_sums(r), a_descriptor + 2 * kk,
+                                                                 b_descriptor + 2 * kk, !kFp8 || kk > 0);
+        }
         wgmma_commit();
         if constexpr (kFp8) {
           wgmma_wait<0>();
-          promote_stage();
+#pragma unroll
+          for (int r = 0; r < kRound; ++r)
+            if (kt + r < k_tiles) promote_stage(r);
         } else {
           wgmma_wait<1>();
         }
         __syncthreads();
-        const int next = kt + Cfg::kStages - 1;
-        if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(first_k_tile + next) * Op::kDepth);
-        asm volatile("cp.async.commit_group;\n");
+#pragma unroll
+        for (int r = 0; r < kRound; ++r) {
+          const int next = kt + r + Cfg::kStages - 1;
+          if (next < k_tiles) load_stage(next % Cfg::kStages, static_cast<int64_t>(first_k_tile + next) * Op::kDepth);
+          asm volatile("cp.async.commit_group;\n");
+        }
       }
       wgmma_wait<0>();
       asm volatile("cp.async.wait_group 0;\n");
     }
     if constexpr (kScales == Scales::kEpilogue) {  // acc = acc * scales, which do not change along K
       float zero[Cfg::kMmaM][Cfg::kMmaN][4] = {};
-      load_scales(0, a_now, b_now);
-      add_scaled(zero, acc, a_now, b_now);
+      load_scales(0, a_now[0], b_now[0]);
+      add_scaled(zero, acc, a_now[0], b_now[0]);
     }
 
     if constexpr (kSwapped) {  // thread: tokens 8 j + 2 (lane % 4) + e, weight rows 16 warp + lane / 4 + 8 h
