@@ -587,8 +587,9 @@ Outputs run_with_precomputed_routing(MoeCase host, IdOf id_of, const std::string
 // Bf16), where GEMM1 routes, maps and sorts them itself (cuda::SelfRouting) and writes the
 // layout GEMM2 and the combine read (e4m3: GEMM2 reads it once flagged out), and past the
 // limits, where the route and the sort run (T = 16, E = 512): every routing kind, on 4 and 8
-// experts a lane (E = 128, 256), with the shared experts and an expert map (ranks 0 and 5 of
-// 8), in bf16, and in fp8_block at E = 256 on rank 5; precomputed ids, one expert taking half
+// experts a lane (E = 128, 256), with an expert map (ranks 0 and 5 of 8; rank 0 holds the
+// shared expert, beside which bf16 takes the route and the sort), in bf16, and in fp8_block at
+// E = 256 on rank 5; precomputed ids, one expert taking half
 // the pairs; at I = 2048 (64 column tiles) a few routed lanes, each taking several row tiles.
 TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
   for (int64_t tokens : {1, 2, 4, 16}) {

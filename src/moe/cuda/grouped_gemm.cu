@@ -394,7 +394,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
 #pragma unroll
         for (int r = 0; r < kRound; ++r) {
 #pragma unroll
-          for (int mi = 0; mi < kAScaleRows; ++mi) a_now[r][mi][0] = a_next[r][mi][0], a_now[r][mi][1] = a_next[r][mi][1];
+          for (int mi = 0; mi < kAScaleRows; ++mi)
+            a_now[r][mi][0] = a_next[r][mi][0], a_now[r][mi][1] = a_next[r][mi][1];
 #pragma unroll
           for (int c = 0; c < kBScales; ++c) b_now[r][c] = b_next[r][c];
           if (r < tiles_after) load_scales(first_k_tile + kRound + r, a_next[r], b_next[r]);
@@ -720,6 +721,11 @@ bool routes_in_gemm1(const TilePlan& plan, int64_t tokens, int64_t top_k, int64_
   // T = 4. Up to 16 tokens (a warp routing four in turn) lost 8-68% at T = 4-16, even with one
   // token a warp at T = 4: the larger routing code slowed the GEMM it sits in.
   if (tokens > (fp8 ? kMaxSelfRoutedTokens : kMaxSelfRoutedTokensBf16)) return false;
+  // bf16 beside a shared expert's early CTAs: the route and the sort ahead of GEMM1 measured
+  // faster on the H200 (deepseek-v3 T = 1 / 2 -3.8 / -2.8%; twenty-first session), where the
+  // presets without one lost 6.0-8.5% at T = 1 (qwen3-30b-a3b, qwen3-235b-a22b). (On an H100
+  // deepseek-v3 had gained 6.6%: the rule follows the H200, the card the targets are for.)
+  if (!fp8 && plan.shared_main_tiles > 0) return false;
   // Every routed CTA routes before it knows its tiles: where the early CTAs and one routed lane
   // are more than the SMs hold at once, later waves pay the routing again (mixtral-8x7b bf16,
   // 448 column tiles against 264 resident CTAs: +0.8 / +1.6% at T = 1 / 2).

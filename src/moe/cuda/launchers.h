@@ -226,7 +226,7 @@ inline bool hands_over_by_row_tile(const TilePlan& plan, bool fp8) {
          plan.shared_tiles == 0;
 }
 // Whether GEMM1 routes for itself (SelfRouting), grouped_gemm.cu: on the decode tile, up to
-// kMaxSelfRoutedTokens tokens (bf16 kMaxSelfRoutedTokensBf16), kMaxSelfRoutedPairs pairs and,
+// kMaxSelfRoutedTokens tokens (bf16 kMaxSelfRoutedTokensBf16, and no shared expert), kMaxSelfRoutedPairs pairs and,
 // routing from logits, kMaxSelfRoutedExperts experts (routed_experts; 0: precomputed ids);
 // bf16 or fp8_block (x quantised first, which also zeroes the counters: the quantiser zeroes
 // them on per-group scales only); the shared group (if any) in the main list (its tiles then
