@@ -139,7 +139,8 @@ TEST_P(FusedQuantize, MatchesTheQuantiserOverGemm1Output) {
   q.static_scale = per_group ? nullptr : intermediate_scale;
   q.scopes_per_tile = scopes;
   // The likely tile count picks the decode tile's ring depth (and nothing that matters for
-  // the results): a count past what three CTAs an SM hold makes e4m3 take 5 stages, not 6.
+  // the results): a count past what three CTAs an SM hold makes e4m3 take 5 stages, not 6
+  // (which carry their K tile's scales; the 5 leave them to each thread's loads).
   // So does the specialised tile's width: a third as many likely tiles as SMs makes one
   // round of 256-wide items (3 a row tile) against two of 128-wide ones (5), which a K loop of
   // 24 K tiles or more pays for.

@@ -312,7 +312,8 @@ TEST(GpuMoe, SpecializedTileWalksManyItemsPerCta) {
 // bf16 and e4m3: qwen3-30b-a3b's routing at reduced sizes (I = 256: GEMM1 has 8 column
 // tiles), 64 tokens on one rank of eight (16 experts with a few rows: ~128 CTAs, one an SM:
 // bf16 16 stages, e4m3 6), 256 tokens on one of eight (~24 row tiles: ~190 CTAs; e4m3 6 stages, bf16 8)
-// and 64 tokens on a single rank (~126 experts: ~1000 CTAs; e4m3 5 stages).
+// and 64 tokens on a single rank (~126 experts: ~1000 CTAs; e4m3 5 stages). (e4m3's 6 stages
+// carry their K tile's scales, its 5 do not.)
 TEST(GpuMoe, DecodeTileOnEveryRingDepth) {
   struct DepthCase {
     int64_t tokens;

@@ -64,6 +64,11 @@ __device__ inline void copy_async(uint8_t* destination, const uint8_t* source, b
                "r"(valid ? 16 : 0));
 }
 
+// 4 bytes global -> shared (a scale), through L1.
+__device__ inline void copy_scale_async(float* destination, const float* source) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(destination)), "l"(source));
+}
+
 // wgmma descriptor of a K-major tile with 128-byte rows (bf16 or e4m3), 128-byte swizzle:
 // start address >> 4, leading offset 16 B (unused for this layout), stride 1024 B between
 // groups of 8 rows, layout type 1 (128B swizzle). The tile must be 1024-byte aligned.

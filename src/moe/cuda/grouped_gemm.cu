@@ -52,7 +52,8 @@ enum class Instruction { kMmaSync, kWgmma, kWgmmaSwapped };
 //             m64 over the Cols = 64 weight rows and n16 over the Rows = 16 token rows, so the
 //             weights stream through wgmma (e4m3 has no native mma.sync on sm_90); warp w
 //             holds weight rows 16w..16w+15.
-template <Instruction Kind, int Rows, int Cols, int Stages, int WarpsM, int WarpsN, int TilesPerWait = 1>
+template <Instruction Kind, int Rows, int Cols, int Stages, int WarpsM, int WarpsN, int TilesPerWait = 1,
+          bool ScalesInRing = false>
 struct Config {
   static constexpr Instruction kInstruction = Kind;
   static constexpr int kRows = Rows, kCols = Cols, kStages = Stages, kWarpsN = WarpsN;
@@ -63,8 +64,12 @@ struct Config {
   static constexpr int kWarpRows = Rows / WarpsM, kWarpCols = Cols / WarpsN;
   static constexpr int kMmaM = kWarpRows / 16, kMmaN = kWarpCols / 8;
   static constexpr int kStageBytes = (Rows + Cols) * kRowBytes;
+  // ScalesInRing (e4m3 on wgmma): fp8_block's scales of a stage's K tile travel with it, after
+  // the ring: one of each weight row, then one of each token row.
+  static constexpr int kStageScales = ScalesInRing ? Cols + Rows : 0;
   // + 1 KiB to align the ring to the 1024-byte period of the 128-byte swizzle (wgmma needs it).
-  static constexpr size_t kSharedBytes = size_t{Stages} * kStageBytes + 1024;
+  static constexpr size_t kSharedBytes =
+      size_t{Stages} * kStageBytes + size_t{Stages} * kStageScales * sizeof(float) + 1024;
   static_assert(kWarpRows % 16 == 0 && kWarpCols % 16 == 0, "warp tile must hold whole mma tiles and gate/up pairs");
   static_assert(Kind != Instruction::kWgmma || (WarpsN == 1 && kWarpRows == 16 && Cols == 128),
                 "wgmma configs: one warp per 16 rows, m64n128 per warpgroup");
@@ -72,6 +77,7 @@ struct Config {
                 "swapped wgmma: one warpgroup, m64 over 64 weight rows, n16 over 16 tokens (kMmaN = Rows / 8)");
   static_assert(TilesPerWait == 1 || (Kind == Instruction::kWgmmaSwapped && TilesPerWait < Stages),
                 "K tiles a wait: the swapped tile's small sums, and a ring that holds them and a stage in flight");
+  static_assert(!ScalesInRing || Kind != Instruction::kMmaSync, "scales in the ring: the e4m3 (wgmma) tiles");
 };
 
 // Decode: narrow column tiles (twice the CTAs of 128) and a deep ring, so even one or two
@@ -83,13 +89,19 @@ struct Config {
 // one H200, docs/KERNELS.md): 6 stages deepseek-v3 fp8_block T=2-16 -7 to -10%. Two tiles a
 // wait with 5 shallow stages, against one tile a wait with 4 (ep=8, one H100, twenty-first
 // session): deepseek-v3 T=1 -6.4%, qwen3-235b-a22b T=64 -7.1%, mixtral-8x7b T=64 -5.6%.
+// The 6 stages carry their K tile's fp8_block scales (a thread's own 4-byte loads, a round
+// ahead, paced the loop where a launch's CTAs are few). ep=8, one H100, twenty-third session:
+// T=1 deepseek-v3 -4.5%, qwen3-235b-a22b -4.4%, qwen3-30b-a3b -5.5%; T=2 -1.5 / -6.3 / -5.8%;
+// qwen3-30b-a3b T=16 / 64 -3.8 / -1.9%. On the shallow ring (more CTAs) the same came to -2.7
+// to +2.0% (deepseek-v3 T=16-256 +0.5 to +1.9%), on the medium tile +1.6% (deepseek-v3
+// T=1024): both keep their scales in registers.
 // Where a launch's likely CTAs fit one an SM (a decode step over one or two experts), bf16
 // takes a 16-stage ring instead: a CTA's K loop then streams what its ring has in flight
 // (about 2 us of memory latency at T=1). T=1, ep=8: deepseek-v3 -9.1%, the other presets
 // -0.4 to -2.3%; e4m3 on 16 stages lost 11% on deepseek-v3 (docs/KERNELS.md, ninth session).
 // choose_decode_stages picks the depth.
 using DecodeConfig = Config<Instruction::kMmaSync, kDecodeTileRows, 64, 8, 1, 4>;
-using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, kDecodeTileRows, 64, 6, 1, 4, 2>;
+using DecodeFp8Config = Config<Instruction::kWgmmaSwapped, kDecodeTileRows, 64, 6, 1, 4, 2, /*ScalesInRing=*/true>;
 using DecodeFp8ShallowConfig = Config<Instruction::kWgmmaSwapped, kDecodeTileRows, 64, 5, 1, 4, 2>;
 using DecodeDeepConfig = Config<Instruction::kMmaSync, kDecodeTileRows, 64, 16, 1, 4>;
 // CTAs of a config an SM holds: its 228 KiB of shared memory, 1 KiB of each CTA's reserved.
@@ -284,6 +296,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
       b_source[i] = row >= 0 ? B + row * K * Op::kBytes + chunk * 16 : nullptr;
     }
 
+    const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
+    const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
+    // fp8_block with the scales in the ring (Cfg::kStageScales): each stage's scale line l <
+    // kCols is weight row l's B scale, line kCols + r token row r's A scale, copied with the
+    // stage by the threads in turn; else each thread loads its own into registers a round ahead.
+    constexpr bool kScalesInRing = Cfg::kStageScales > 0 && kScales == Scales::kPerKTile;
+    constexpr int kScaleLines = (Cfg::kStageScales + Cfg::kThreads - 1) / Cfg::kThreads;  // a thread's
+    float* const ring_scales = reinterpret_cast<float*>(shared_tiles + Cfg::kStages * Cfg::kStageBytes);
+    int32_t ring_scale_at[kScaleLines > 0 ? kScaleLines : 1] = {};  // of line threadIdx.x + i kThreads
+    if constexpr (kScalesInRing) {
+#pragma unroll
+      for (int i = 0; i < kScaleLines; ++i) {
+        const int line = static_cast<int>(threadIdx.x) + i * Cfg::kThreads;
+        if (line < Cfg::kCols)
+          ring_scale_at[i] = scale_index(b_scales, max(weight_row(line), int64_t{0}), shared ? 0 : group);
+        else if (line < Cfg::kStageScales)
+          ring_scale_at[i] = scale_index(a_scales, max(a_row(line - Cfg::kCols), int64_t{0}), group);
+      }
+    }
     // (copy_a, copy_b: GEMM2's prologue with the hand-over loads B before A; as separate
     // lambdas the bf16 decode K loop lost 1-7% at T=1-16.)
     auto load_stage = [&](int stage, int64_t k0, bool copy_a = true, bool copy_b = true) {
@@ -305,6 +336,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
         const bool valid = b_source[i] && k_valid;
         copy_async(b_tile + swizzled(row, chunk), valid ? b_source[i] + k_offset : B, valid);
       }
+      if constexpr (kScalesInRing) {
+        const auto k_tile = static_cast<int32_t>(k0 / Op::kDepth);
+#pragma unroll
+        for (int i = 0; i < kScaleLines; ++i) {
+          const int line = static_cast<int>(threadIdx.x) + i * Cfg::kThreads;
+          const bool b_line = line < Cfg::kCols;
+          if (line >= Cfg::kStageScales || !(b_line ? copy_b : copy_a)) continue;
+          const ScaleGrid& grid = b_line ? b_scales : a_scales;
+          copy_scale_async(ring_scales + stage * Cfg::kStageScales + line,
+                           grid.scales + ring_scale_at[i] + k_tile * static_cast<int32_t>(grid.k_stride));
+        }
+      }
     };
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -318,9 +361,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
     constexpr bool kPerKTile = kScales == Scales::kPerKTile;
     constexpr int kRound = Cfg::kTilesPerWait;
     float stage_acc[kFp8 ? kRound : 1][kFp8 ? Cfg::kMmaM : 1][kFp8 ? Cfg::kMmaN : 1][4];
-    const ScaleGrid& a_scales = shared ? groups.a_shared_scale : groups.a_routed_scale;
-    const ScaleGrid& b_scales = shared ? groups.b_shared_scale : groups.b_routed_scale;
-    // Scale indices, fixed over the K loop: of this thread's fragment rows (A) and columns (B).
+    // Scale indices, fixed over the K loop: of this thread's fragment rows (A) and columns (B),
+    // into the scale grids (rows and columns past the matrix read the first, never used), or
+    // with the scales in the ring into a stage's scale lines. (The grid's index is written out
+    // here and for the ring's lines: shared through a lambda, it rescheduled the medium tile's
+    // SASS, which has no ring.)
     // fp8_block: a tile's weight rows fall in one 128-row block per side (its gate rows, its
     // up rows: tiles are aligned to their width, which divides 128), so two B scales serve
     // all columns (ni even / odd); otherwise one per column (ni, j) at 2 ni + j. Swapped: the
@@ -339,13 +384,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = kSwapped ? mi * 8 + (lane % 4) * 2 + half : warp_row + mi * 16 + lane / 4 + half * 8;
-          a_scale_at[mi][half] = scale_index(a_scales, max(a_row(row), int64_t{0}), group);
+          a_scale_at[mi][half] =
+              kScalesInRing ? Cfg::kCols + row : scale_index(a_scales, max(a_row(row), int64_t{0}), group);
         }
 #pragma unroll
       for (int c = 0; c < kBScales; ++c) {
         const int column = kSwapped ? warp * 16 + lane / 4 + c * 8
                                     : warp_col + (kPerKTile ? c : c / 2) * 8 + (lane % 4) * 2 + (kPerKTile ? 0 : c % 2);
-        b_scale_at[c] = scale_index(b_scales, max(weight_row(column), int64_t{0}), shared ? 0 : group);
+        b_scale_at[c] =
+            kScalesInRing ? column : scale_index(b_scales, max(weight_row(column), int64_t{0}), shared ? 0 : group);
       }
     }
     auto load_scales = [&](int k_tile, RowScales& a_out, ColumnScales& b_out) {
@@ -390,7 +437,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
     ColumnScales b_now[kRound], b_next[kRound];
     // `first_k_tile` this round's first K tile, `tiles_after` the K tiles after the round.
     auto next_scales = [&](int first_k_tile, int tiles_after) {
-      if constexpr (kPerKTile) {
+      if constexpr (kPerKTile && !kScalesInRing) {
 #pragma unroll
         for (int r = 0; r < kRound; ++r) {
 #pragma unroll
@@ -402,8 +449,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
         }
       }
     };
-    // Round r's K tile's sums into acc.
-    auto promote_stage = [&](int r) {
+    // Round r's K tile's sums into acc (its scales from its stage, `stage`, if they travel with it).
+    auto promote_stage = [&](int r, [[maybe_unused]] int stage) {
+      if constexpr (kScalesInRing) {
+        const float* scales = ring_scales + stage * Cfg::kStageScales;
+#pragma unroll
+        for (int mi = 0; mi < kAScaleRows; ++mi)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) a_now[r][mi][half] = scales[a_scale_at[mi][half]];
+#pragma unroll
+        for (int c = 0; c < kBScales; ++c) b_now[r][c] = scales[b_scale_at[c]];
+      }
       if constexpr (kPerKTile) {
         add_scaled(acc, stage_acc[r], a_now[r], b_now[r]);
       } else if constexpr (kFp8) {
@@ -443,7 +499,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
       }
       asm volatile("cp.async.commit_group;\n");
     }
-    if constexpr (kPerKTile) {
+    if constexpr (kPerKTile && !kScalesInRing) {
 #pragma unroll
       for (int r = 0; r < kRound; ++r)
         if (r < k_tiles) load_scales(first_k_tile + r, a_next[r], b_next[r]);
@@ -525,7 +581,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
           wgmma_wait<0>();
 #pragma unroll
           for (int r = 0; r < kRound; ++r)
-            if (kt + r < k_tiles) promote_stage(r);
+            if (kt + r < k_tiles) promote_stage(r, (kt + r) % Cfg::kStages);
         } else {
           wgmma_wait<1>();
         }

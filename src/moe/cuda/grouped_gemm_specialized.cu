@@ -303,11 +303,6 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
 __device__ inline void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(256) : "memory"); }
 __device__ inline void producers_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(128) : "memory"); }
 
-// 4 bytes global -> shared (a scale), through L1.
-__device__ inline void copy_scale_async(float* destination, const float* source) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(destination)), "l"(source));
-}
-
 template <typename Tile, bool kGated, Scales kScales>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     specialized_gemm_kernel(const __grid_constant__ CUtensorMap b_routed_map,

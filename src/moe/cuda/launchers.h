@@ -204,7 +204,8 @@ cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& 
 // scales along K (fp8_block); with scales in the epilogue (per channel, per tensor) always 128.
 int specialized_tile_cols(bool fp8, bool gated, int64_t likely_tiles, int64_t out_cols, int64_t k, int k_splits);
 // The decode tile's ring depth (stages) for a launch of likely_ctas CTAs: bf16 16 where they
-// fit one an SM, else 8; e4m3 6 where they fit three an SM, else 4.
+// fit one an SM, else 8; e4m3 6 (carrying their K tile's scales) where they fit three an SM,
+// else 5.
 int choose_decode_stages(bool fp8, int64_t likely_ctas);
 // The SMs of the current device (132 where the query fails: a tuning input only).
 int multiprocessor_count();
