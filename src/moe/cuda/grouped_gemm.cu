@@ -91,10 +91,11 @@ struct Config {
 // session): deepseek-v3 T=1 -6.4%, qwen3-235b-a22b T=64 -7.1%, mixtral-8x7b T=64 -5.6%.
 // The 6 stages carry their K tile's fp8_block scales (a thread's own 4-byte loads, a round
 // ahead, paced the loop where a launch's CTAs are few). ep=8, one H100, twenty-third session:
-// T=1 deepseek-v3 -4.5%, qwen3-235b-a22b -4.4%, qwen3-30b-a3b -5.5%; T=2 -1.5 / -6.3 / -5.8%;
-// qwen3-30b-a3b T=16 / 64 -3.8 / -1.9%. On the shallow ring (more CTAs) the same came to -2.7
-// to +2.0% (deepseek-v3 T=16-256 +0.5 to +1.9%), on the medium tile +1.6% (deepseek-v3
-// T=1024): both keep their scales in registers.
+// T=1 deepseek-v3 -5.9%, qwen3-30b-a3b -8.7%; T=2 deepseek-v3 / qwen3-235b-a22b / qwen3-30b-a3b
+// -2.9 / -4.0 / -7.2%; qwen3-30b-a3b T=16 / 64 -6.7 / -5.7%; mixtral-8x7b T=64 +2.3% (its split
+// GEMM2). On the shallow ring (more CTAs) the same came to -2.7 to +2.0% (deepseek-v3 T=16-256
+// +0.5 to +1.9%), on the medium tile +1.6% (deepseek-v3 T=1024): both keep their scales in
+// registers.
 // Where a launch's likely CTAs fit one an SM (a decode step over one or two experts), bf16
 // takes a 16-stage ring instead: a CTA's K loop then streams what its ring has in flight
 // (about 2 us of memory latency at T=1). T=1, ep=8: deepseek-v3 -9.1%, the other presets
