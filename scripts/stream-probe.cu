@@ -3,8 +3,9 @@
 // ~43 on bf16, and neither ring depth, scale loads, issuers nor the wgmma wait moved that).
 // Each CTA (128 threads) walks its own 64 weight rows of K bytes (rows K bytes apart), a stage =
 // the next 128 bytes of each row by 16-byte cp.async, a ring of S stages, and only touches one
-// word of each stage before refilling it. Printed per (S, CTAs an SM, CTAs): the time, GB/s a CTA,
-// GB/s an SM in use and TB/s in all. Build and run on the device machine:
+// word of each stage before refilling it; or (packed) the same bytes with each stage's 8 KB
+// contiguous, as a weight layout stored tile by tile would give them. Printed per (layout, S,
+// CTAs an SM, CTAs): the time, GB/s a CTA, GB/s an SM in use and TB/s in all. Build and run on the device machine:
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a scripts/stream-probe.cu -o /tmp/stream-probe
 //   /tmp/stream-probe [K bytes, default 7168]
 #include <cuda_runtime.h>
@@ -35,9 +36,9 @@ __device__ void copy_16(uint8_t* destination, const uint8_t* source) {
       "l"(source));
 }
 
-// CTA c streams rows [64 c, 64 c + 64) of `weights` (rows of k bytes); the sum of one word a
-// stage goes to sink[c] so that no copy is dead.
-template <int kStages>
+// CTA c streams rows [64 c, 64 c + 64) of `weights` (rows of k bytes; packed: its 64 k bytes
+// stage by stage); the sum of one word a stage goes to sink[c] so that no copy is dead.
+template <int kStages, bool kPacked>
 __global__ void __launch_bounds__(kThreads) stream_kernel(const uint8_t* weights, int64_t k, uint32_t* sink) {
   extern __shared__ __align__(128) uint8_t ring[];
   const uint8_t* rows = weights + static_cast<int64_t>(blockIdx.x) * kRows * k;
@@ -47,7 +48,9 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const uint8_t* weights
 #pragma unroll
     for (int i = 0; i < kChunksPerThread; ++i) {
       const int chunk = static_cast<int>(threadIdx.x) + i * kThreads;  // 8 chunks a row
-      copy_16(stage + chunk * 16, rows + (chunk / 8) * k + int64_t{k_tile} * kRowBytes + (chunk % 8) * 16);
+      const int64_t offset = kPacked ? int64_t{k_tile} * kStageBytes + chunk * 16
+                                     : (chunk / 8) * k + int64_t{k_tile} * kRowBytes + (chunk % 8) * 16;
+      copy_16(stage + chunk * 16, rows + offset);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
@@ -70,13 +73,15 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const uint8_t* weights
   if (sum == 0x9e3779b9u) sink[blockIdx.x] = sum;  // (never in practice; keeps the loads alive)
 }
 
-template <int kStages>
+template <int kStages, bool kPacked>
 float time_ms(const uint8_t* weights, int64_t region_bytes, int64_t k, int ctas, int per_sm, uint32_t* sink) {
   // Shared memory sized so that an SM holds per_sm CTAs of this kernel (228 KB, 1 KB each reserved).
   const int shared = std::max(kStages * kStageBytes, 228 * 1024 / per_sm - 1024 - 1024);
-  PROBE_CHECK(cudaFuncSetAttribute(stream_kernel<kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
+  PROBE_CHECK(
+      cudaFuncSetAttribute(stream_kernel<kStages, kPacked>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
   int resident = 0;
-  PROBE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, stream_kernel<kStages>, kThreads, shared));
+  PROBE_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, stream_kernel<kStages, kPacked>, kThreads, shared));
   if (resident != per_sm) return -1.0f;  // this depth does not fit per_sm CTAs an SM
   cudaEvent_t start, stop;
   PROBE_CHECK(cudaEventCreate(&start));
@@ -86,7 +91,7 @@ float time_ms(const uint8_t* weights, int64_t region_bytes, int64_t k, int ctas,
     // Each run reads another of four regions (each larger than the L2), so the lines come from HBM.
     const uint8_t* region = weights + (repeat % 4) * region_bytes;
     PROBE_CHECK(cudaEventRecord(start));
-    stream_kernel<kStages><<<ctas, kThreads, shared>>>(region, k, sink);
+    stream_kernel<kStages, kPacked><<<ctas, kThreads, shared>>>(region, k, sink);
     PROBE_CHECK(cudaGetLastError());
     PROBE_CHECK(cudaEventRecord(stop));
     PROBE_CHECK(cudaEventSynchronize(stop));
@@ -99,17 +104,18 @@ float time_ms(const uint8_t* weights, int64_t region_bytes, int64_t k, int ctas,
   return best;
 }
 
-template <int kStages>
+template <int kStages, bool kPacked>
 void sweep(const uint8_t* weights, int64_t region_bytes, int64_t k, uint32_t* sink, int sms) {
   for (int per_sm : {1, 3})
     for (int ctas : {16, 32, 64, 96, sms, 2 * sms, 3 * sms}) {
       if (ctas > per_sm * sms) continue;  // one wave only
-      const float ms = time_ms<kStages>(weights, region_bytes, k, ctas, per_sm, sink);
+      const float ms = time_ms<kStages, kPacked>(weights, region_bytes, k, ctas, per_sm, sink);
       if (ms < 0) continue;
       const double bytes = double{kRows} * k * ctas, seconds = ms * 1e-3;
       const int sms_used = std::min(ctas, sms);
-      std::printf("| %d | %d | %d | %.1f | %.1f | %.1f | %.2f |\n", kStages, per_sm, ctas, ms * 1e3,
-                  bytes / ctas / seconds / 1e9, bytes / sms_used / seconds / 1e9, bytes / seconds / 1e12);
+      std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.2f |\n", kPacked ? "packed" : "rows", kStages, per_sm,
+                  ctas, ms * 1e3, bytes / ctas / seconds / 1e9, bytes / sms_used / seconds / 1e9,
+                  bytes / seconds / 1e12);
     }
 }
 
@@ -133,13 +139,18 @@ int main(int argc, char** argv) {
   std::printf("K = %lld bytes a row, 64 rows a CTA (%.0f KB), %d SMs\n\n", static_cast<long long>(k),
               kRows * k / 1024.0, sms);
   std::printf(
-      "| stages | CTAs an SM | CTAs | us | GB/s a CTA | GB/s an SM in use | TB/s |\n| --- | --- | --- | --- | --- | "
-      "--- | --- |\n");
-  sweep<2>(weights, region, k, sink, sms);
-  sweep<4>(weights, region, k, sink, sms);
-  sweep<6>(weights, region, k, sink, sms);
-  sweep<8>(weights, region, k, sink, sms);
-  sweep<16>(weights, region, k, sink, sms);
+      "| layout | stages | CTAs an SM | CTAs | us | GB/s a CTA | GB/s an SM in use | TB/s |\n| --- | --- | --- | --- | "
+      "--- | --- | --- | --- |\n");
+  sweep<2, false>(weights, region, k, sink, sms);
+  sweep<4, false>(weights, region, k, sink, sms);
+  sweep<6, false>(weights, region, k, sink, sms);
+  sweep<8, false>(weights, region, k, sink, sms);
+  sweep<16, false>(weights, region, k, sink, sms);
+  sweep<2, true>(weights, region, k, sink, sms);
+  sweep<4, true>(weights, region, k, sink, sms);
+  sweep<6, true>(weights, region, k, sink, sms);
+  sweep<8, true>(weights, region, k, sink, sms);
+  sweep<16, true>(weights, region, k, sink, sms);
   PROBE_CHECK(cudaFree(weights));
   PROBE_CHECK(cudaFree(sink));
   return 0;
