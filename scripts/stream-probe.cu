@@ -4,16 +4,19 @@
 // Each CTA (128 threads) walks its own 64 weight rows of K bytes (rows K bytes apart), a stage =
 // the next 128 bytes of each row by 16-byte cp.async, a ring of S stages, and only touches one
 // word of each stage before refilling it; or (packed) the same bytes with each stage's 8 KB
-// contiguous, as a weight layout stored tile by tile would give them. Printed per (layout, S,
-// CTAs an SM, CTAs): the time, GB/s a CTA, GB/s an SM in use and TB/s in all. Build and run on the device machine:
-//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a scripts/stream-probe.cu -o /tmp/stream-probe
-//   /tmp/stream-probe [K bytes, default 7168]
+// contiguous, as a weight layout stored tile by tile would give them. The copies are the decode
+// tile's own (copy_async, gemm_tiles.cuh). Printed per (layout, S, CTAs an SM, CTAs): the time,
+// GB/s a CTA, GB/s an SM in use and TB/s in all. Build and run on the device machine:
+//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude scripts/stream-probe.cu -o /tmp/probe
+//   /tmp/probe [K bytes, default 7168]
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+
+#include "moe/cuda/gemm_tiles.cuh"
 
 #define PROBE_CHECK(call)                                                                                 \
   do {                                                                                                    \
@@ -26,15 +29,11 @@
 
 namespace {
 
-constexpr int kThreads = 128, kRows = 64, kRowBytes = 128;
+using epmoe::cuda::copy_async;
+using epmoe::cuda::kRowBytes;
+constexpr int kThreads = 128, kRows = 64;
 constexpr int kStageBytes = kRows * kRowBytes;
 constexpr int kChunksPerThread = kStageBytes / 16 / kThreads;
-
-__device__ void copy_16(uint8_t* destination, const uint8_t* source) {
-  asm volatile(
-      "cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(destination))),
-      "l"(source));
-}
 
 // CTA c streams rows [64 c, 64 c + 64) of `weights` (rows of k bytes; packed: its 64 k bytes
 // stage by stage); the sum of one word a stage goes to sink[c] so that no copy is dead.
@@ -50,7 +49,7 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const uint8_t* weights
       const int chunk = static_cast<int>(threadIdx.x) + i * kThreads;  // 8 chunks a row
       const int64_t offset = kPacked ? int64_t{k_tile} * kStageBytes + chunk * 16
                                      : (chunk / 8) * k + int64_t{k_tile} * kRowBytes + (chunk % 8) * 16;
-      copy_16(stage + chunk * 16, rows + offset);
+      copy_async(stage + chunk * 16, rows + offset, true);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
@@ -119,6 +118,12 @@ void sweep(const uint8_t* weights, int64_t region_bytes, int64_t k, uint32_t* si
     }
 }
 
+// Every ring depth of the sweep, for one layout.
+template <bool kPacked, int... kStages>
+void sweep_depths(const uint8_t* weights, int64_t region_bytes, int64_t k, uint32_t* sink, int sms) {
+  (sweep<kStages, kPacked>(weights, region_bytes, k, sink, sms), ...);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -141,16 +146,8 @@ int main(int argc, char** argv) {
   std::printf(
       "| layout | stages | CTAs an SM | CTAs | us | GB/s a CTA | GB/s an SM in use | TB/s |\n| --- | --- | --- | --- | "
       "--- | --- | --- | --- |\n");
-  sweep<2, false>(weights, region, k, sink, sms);
-  sweep<4, false>(weights, region, k, sink, sms);
-  sweep<6, false>(weights, region, k, sink, sms);
-  sweep<8, false>(weights, region, k, sink, sms);
-  sweep<16, false>(weights, region, k, sink, sms);
-  sweep<2, true>(weights, region, k, sink, sms);
-  sweep<4, true>(weights, region, k, sink, sms);
-  sweep<6, true>(weights, region, k, sink, sms);
-  sweep<8, true>(weights, region, k, sink, sms);
-  sweep<16, true>(weights, region, k, sink, sms);
+  sweep_depths</*kPacked=*/false, 2, 4, 6, 8, 16>(weights, region, k, sink, sms);
+  sweep_depths</*kPacked=*/true, 2, 4, 6, 8, 16>(weights, region, k, sink, sms);
   PROBE_CHECK(cudaFree(weights));
   PROBE_CHECK(cudaFree(sink));
   return 0;
