@@ -67,6 +67,10 @@ struct SpecializedTile {
   static constexpr int kMmaN = kCols / 8;  // n8 blocks of a consumer's m64 x kCols accumulator
   static constexpr int kAChunks = kRows * kChunksPerRow / kProducerThreads;  // per producer thread and stage
   static_assert(kRows == kProducerThreads, "a producer thread stages one row's fp8 scale");
+  // bf16: each consumer warp's staging buffer for its outputs, 16 rows x 64 columns (below
+  // the kernel); e4m3 has no room for it beside the scale slots and writes its fragments.
+  static constexpr int kStagingWarpBytes = 16 * 64 * 2;
+  static constexpr int kStagingBytes = Fp8 ? 0 : kConsumerThreads / 32 * kStagingWarpBytes;
 };
 using Fp8Tile = SpecializedTile<true, 256>;
 using Fp8NarrowTile = SpecializedTile<true, 128>;
@@ -106,9 +110,16 @@ struct StageControl {
   float b_scales[kScaleSlots][2];    // of the tile's gate rows and up rows (one 128-block each)
 };
 
+// The staging buffers (bf16) follow the control block, 16-byte aligned for stmatrix.
+template <typename Tile>
+__host__ __device__ constexpr size_t staging_offset() {
+  const size_t control_end =
+      size_t{Tile::kStages} * Tile::kStageBytes + sizeof(StageControl<Tile::kStages, scale_slots<Tile>()>);
+  return Tile::kStagingBytes == 0 ? control_end : (control_end + 15) / 16 * 16;
+}
 template <typename Tile>
 constexpr size_t specialized_shared_bytes() {
-  return 1024 + size_t{Tile::kStages} * Tile::kStageBytes + sizeof(StageControl<Tile::kStages, scale_slots<Tile>()>);
+  return 1024 + staging_offset<Tile>() + Tile::kStagingBytes;
 }
 static_assert(specialized_shared_bytes<Fp8Tile>() <= kSharedBudget + 1024 &&
               scale_slots<Fp8Tile>() >= Fp8Tile::kStages &&
@@ -299,6 +310,18 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
   }
 }
 
+// Four 8 x 8 bf16 matrices from a warp's mma fragments into shared memory: lanes 8 i to
+// 8 i + 7 give the row addresses of matrix i, whose fragment is each lane's piece i.
+__device__ inline void stmatrix_x4(uint8_t* address, const uint32_t (&pieces)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_address(address)),
+               "r"(pieces[0]), "r"(pieces[1]), "r"(pieces[2]), "r"(pieces[3])
+               : "memory");
+}
+__device__ inline uint32_t pack_bf16x2(float first, float second) {
+  const __nv_bfloat162 packed = __floats2bfloat162_rn(first, second);
+  return reinterpret_cast<const uint32_t&>(packed);
+}
+
 // The consumers' and the producer's own barriers (0 is __syncthreads).
 __device__ inline void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(256) : "memory"); }
 __device__ inline void producers_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(128) : "memory"); }
@@ -316,6 +339,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   uint8_t* ring = aligned_tiles(shared_raw);
   constexpr int kScaleSlots = scale_slots<Tile>();
   auto& control = *reinterpret_cast<StageControl<kStages, kScaleSlots>*>(ring + kStages * Tile::kStageBytes);
+  [[maybe_unused]] uint8_t* const staging_base = ring + staging_offset<Tile>();  // (bf16)
   int32_t* const row_tile_columns = groups.row_tile_columns;
   if (row_tile_columns == nullptr) {
     allow_successor();
@@ -632,6 +656,48 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     constexpr bool kQuantizes = kGated && kFp8;
     // c, unless this GEMM quantises and the caller wants only the codes
     const bool stores_bf16 = !kQuantizes || !groups.quantize.codes || groups.quantize.bf16_copy;
+    // bf16 tiles write bf16 c through each warp's staging buffer, up to 64 columns of its 16
+    // rows at a time: stmatrix puts the fragments into rows of 128 bytes (16-byte pieces swizzled by
+    // the row, so neither side has bank conflicts), and each lane then stores 16 bytes, a
+    // warp whole 128-byte lines of four rows. Stored from the fragments, a warp's STG wrote 4
+    // bytes a lane on 8 rows, and those stores took 7-13% of the layer at T >= 4096, the
+    // tensor cores idle (timing without them, H100: docs/KERNELS.md, twenty-fourth session).
+    // A piece lies whole in its row: bf16 H and I are multiples of 8 on the GPU and the
+    // workspace is 256-byte aligned (check_gpu_limits).
+    auto write_tile_staged = [&](uint16_t* out, auto activate_gate) {
+      const int warp_row = consumer * 64 + (thread / 32) % 4 * 16;  // the warp's first row in the tile
+      uint8_t* const staging = staging_base + thread / 32 * Tile::kStagingWarpBytes;
+      auto piece_address = [&](int row, int piece) { return staging + row * 128 + (piece ^ row % 8) * 16; };
+      static_assert(kOutBlocks % 2 == 0, "stmatrix takes n8 blocks in pairs");
+#pragma unroll
+      for (int chunk = 0; chunk < (kOutBlocks + 7) / 8; ++chunk) {
+        const int blocks = min(8, kOutBlocks - chunk * 8);  // 16-byte pieces a row (4: the mid tile's last)
+#pragma unroll
+        for (int block = 0; block < blocks; block += 2) {
+          uint32_t pieces[4];  // rows 0-7 and 8-15 of n8 block `block`, then of block + 1
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const int j = chunk * 8 + block + m / 2, h = m % 2;
+            float value[2] = {acc[j][2 * h], acc[j][2 * h + 1]};
+            if constexpr (kGated)
+              for (int e = 0; e < 2; ++e) value[e] = activate_gate(value[e]) * acc[j + kOutBlocks][2 * h + e];
+            pieces[m] = pack_bf16x2(value[0], value[1]);
+          }
+          stmatrix_x4(piece_address(lane % 8 + lane / 8 % 2 * 8, block + lane / 16), pieces);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < blocks / 2; ++i) {  // 16 rows x blocks pieces, 32 a round
+          const int row = (i * 32 + lane) / blocks, piece = lane % blocks;
+          const uint4 bits = *reinterpret_cast<const uint4*>(piece_address(row, piece));
+          const int32_t slot = first_slot + warp_row + row;
+          const int64_t col = first_col + chunk * 64 + piece * 8;
+          if (slot < group_end && col < out_cols)
+            *reinterpret_cast<uint4*>(out + static_cast<int64_t>(slot) * groups.c_stride + col) = bits;
+        }
+        __syncwarp();  // the buffer read before the next chunk's stmatrix
+      }
+    };
     // Writes the tile below `out`: bf16 c, or split K's f32 partial sums of this split. Chosen
     // once for the tile, with one row pointer per row, so each store is a predicated STG at a
     // constant offset, not an address computed per store behind a branch. The activation too
@@ -674,15 +740,21 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         }
       }
     };
+    auto write_c = [&](auto activate_gate) {
+      if constexpr (Tile::kStagingBytes > 0)
+        write_tile_staged(groups.c, activate_gate);
+      else
+        write_tile(groups.c, activate_gate);
+    };
     if constexpr (kGated) {  // GEMM1 writes whole rows (no split K)
       if (activation == Activation::kSilu)
-        write_tile(groups.c, Silu{});
+        write_c(Silu{});
       else
-        write_tile(groups.c, Gelu{});
+        write_c(Gelu{});
     } else if (groups.c_partial) {
       write_tile(groups.c_partial + blockIdx.y * groups.partial_stride, Silu{});  // (not gated: no activation)
     } else {
-      write_tile(groups.c, Silu{});
+      write_c(Silu{});
     }
     if constexpr (kQuantizes) {
       if (groups.quantize.codes) {
