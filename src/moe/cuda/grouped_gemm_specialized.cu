@@ -67,10 +67,9 @@ struct SpecializedTile {
   static constexpr int kMmaN = kCols / 8;  // n8 blocks of a consumer's m64 x kCols accumulator
   static constexpr int kAChunks = kRows * kChunksPerRow / kProducerThreads;  // per producer thread and stage
   static_assert(kRows == kProducerThreads, "a producer thread stages one row's fp8 scale");
-  // bf16: each consumer warp's staging buffer for its outputs, 16 rows x 64 columns (below
-  // the kernel); e4m3 has no room for it beside the scale slots and writes its fragments.
+  // Each consumer warp's staging buffer for its bf16 outputs, 16 rows x 64 columns (below the
+  // kernel).
   static constexpr int kStagingWarpBytes = 16 * 64 * 2;
-  static constexpr int kStagingBytes = Fp8 ? 0 : kConsumerThreads / 32 * kStagingWarpBytes;
 };
 using Fp8Tile = SpecializedTile<true, 256>;
 using Fp8NarrowTile = SpecializedTile<true, 128>;
@@ -92,11 +91,16 @@ struct PairExchange {
 // its first stage lands, so no stage waits for the latency of its 130 scattered 4-byte
 // copies (10% of the e4m3 tile's time at 16k tokens); else each stage's with the stage.
 inline constexpr size_t kSharedBudget = 227 * 1024 - 1024 - 512;  // - ring alignment, - static shared
-template <typename Tile>
+// The kernels that write bf16 c stage it (write_tile_staged below): every bf16 kernel and the
+// e4m3 GEMM2s. e4m3 GEMM1 writes codes, and its scale slots keep the whole shared memory left
+// (deepseek-v3's 56 K tiles need 60 of the wide tile's 64 to be copied up front).
+template <typename Tile, bool kGated>
+inline constexpr int kStagingBytes = (Tile::kFp8 && kGated) ? 0 : Tile::kConsumerThreads / 32 * Tile::kStagingWarpBytes;
+template <typename Tile, bool kGated>
 __host__ __device__ constexpr int scale_slots() {
   if (!Tile::kFp8) return 1;
   const size_t left = kSharedBudget - size_t{Tile::kStages} * Tile::kStageBytes - 2 * Tile::kStages * sizeof(uint64_t) -
-                      sizeof(PairExchange);
+                      sizeof(PairExchange) - (kStagingBytes<Tile, kGated> > 0 ? kStagingBytes<Tile, kGated> + 16 : 0);
   return static_cast<int>(left / ((Tile::kRows + 2) * sizeof(float)));  // a slot: A's rows, B's two halves
 }
 
@@ -110,25 +114,28 @@ struct StageControl {
   float b_scales[kScaleSlots][2];    // of the tile's gate rows and up rows (one 128-block each)
 };
 
-// The staging buffers (bf16) follow the control block, 16-byte aligned for stmatrix.
-template <typename Tile>
+// The staging buffers follow the control block, 16-byte aligned for stmatrix.
+template <typename Tile, bool kGated>
 __host__ __device__ constexpr size_t staging_offset() {
   const size_t control_end =
-      size_t{Tile::kStages} * Tile::kStageBytes + sizeof(StageControl<Tile::kStages, scale_slots<Tile>()>);
-  return Tile::kStagingBytes == 0 ? control_end : (control_end + 15) / 16 * 16;
+      size_t{Tile::kStages} * Tile::kStageBytes + sizeof(StageControl<Tile::kStages, scale_slots<Tile, kGated>()>);
+  return kStagingBytes<Tile, kGated> == 0 ? control_end : (control_end + 15) / 16 * 16;
 }
-template <typename Tile>
+template <typename Tile, bool kGated>
 constexpr size_t specialized_shared_bytes() {
-  return 1024 + staging_offset<Tile>() + Tile::kStagingBytes;
+  return 1024 + staging_offset<Tile, kGated>() + kStagingBytes<Tile, kGated>;
 }
-static_assert(specialized_shared_bytes<Fp8Tile>() <= kSharedBudget + 1024 &&
-              scale_slots<Fp8Tile>() >= Fp8Tile::kStages &&
-              specialized_shared_bytes<Fp8NarrowTile>() <= kSharedBudget + 1024 &&
-              scale_slots<Fp8NarrowTile>() >= Fp8NarrowTile::kStages);
+// Both GEMMs' kernels of a tile fit, e4m3 with a scale slot for each stage at least.
+template <typename Tile>
+constexpr bool fits() {
+  return specialized_shared_bytes<Tile, true>() <= kSharedBudget + 1024 &&
+         specialized_shared_bytes<Tile, false>() <= kSharedBudget + 1024 &&
+         (!Tile::kFp8 || (scale_slots<Tile, true>() >= Tile::kStages && scale_slots<Tile, false>() >= Tile::kStages));
+}
+static_assert(fits<Fp8Tile>() && fits<Fp8NarrowTile>() && fits<Bf16Tile>() && fits<Bf16MidTile>() &&
+              fits<Bf16NarrowTile>());
 // One CTA an SM, whatever the width (specialized_tile_cols counts waves of one CTA an SM).
-static_assert(2 * specialized_shared_bytes<Bf16NarrowTile>() > kSharedBudget &&
-              specialized_shared_bytes<Bf16MidTile>() <= kSharedBudget + 1024 &&
-              specialized_shared_bytes<Bf16Tile>() <= kSharedBudget + 1024);
+static_assert(2 * specialized_shared_bytes<Bf16NarrowTile, false>() > kSharedBudget);
 
 __device__ inline void barrier_init(uint64_t* barrier, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(count));
@@ -337,9 +344,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   constexpr bool kPerKTile = kScales == Scales::kPerKTile;
   extern __shared__ __align__(128) uint8_t shared_raw[];
   uint8_t* ring = aligned_tiles(shared_raw);
-  constexpr int kScaleSlots = scale_slots<Tile>();
+  constexpr int kScaleSlots = scale_slots<Tile, kGated>();
   auto& control = *reinterpret_cast<StageControl<kStages, kScaleSlots>*>(ring + kStages * Tile::kStageBytes);
-  [[maybe_unused]] uint8_t* const staging_base = ring + staging_offset<Tile>();  // (bf16)
+  [[maybe_unused]] uint8_t* const staging_base = ring + staging_offset<Tile, kGated>();
   int32_t* const row_tile_columns = groups.row_tile_columns;
   if (row_tile_columns == nullptr) {
     allow_successor();
@@ -656,14 +663,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     constexpr bool kQuantizes = kGated && kFp8;
     // c, unless this GEMM quantises and the caller wants only the codes
     const bool stores_bf16 = !kQuantizes || !groups.quantize.codes || groups.quantize.bf16_copy;
-    // bf16 tiles write bf16 c through each warp's staging buffer, up to 64 columns of its 16
-    // rows at a time: stmatrix puts the fragments into rows of 128 bytes (16-byte pieces swizzled by
-    // the row, so neither side has bank conflicts), and each lane then stores 16 bytes, a
-    // warp whole 128-byte lines of four rows. Stored from the fragments, a warp's STG wrote 4
-    // bytes a lane on 8 rows, and those stores took 7-13% of the layer at T >= 4096, the
-    // tensor cores idle (timing without them, H100: docs/KERNELS.md, twenty-fourth session).
-    // A piece lies whole in its row: bf16 H and I are multiples of 8 on the GPU and the
-    // workspace is 256-byte aligned (check_gpu_limits).
+    // bf16 c goes out through each warp's staging buffer (bf16 kernels, e4m3 GEMM2 with fp8_block
+    // scales), up to 64 columns of its 16 rows at a time: stmatrix puts the fragments into
+    // rows of 128 bytes (16-byte pieces swizzled by the row, so neither side has bank
+    // conflicts), and each lane then stores 16 bytes, a warp whole 128-byte lines of four
+    // rows. Stored from the fragments (write_tile), a warp's STG writes 4 bytes a lane on 8
+    // rows; those stores took 7-13% of the bf16 layer at T >= 4096, the tensor cores idle
+    // (timing without them, H100: docs/KERNELS.md, twenty-fourth session). A piece lies whole
+    // in its row: H and I are multiples of 8 on the GPU and the workspace is 256-byte aligned
+    // (check_gpu_limits).
     auto write_tile_staged = [&](uint16_t* out, auto activate_gate) {
       const int warp_row = consumer * 64 + (thread / 32) % 4 * 16;  // the warp's first row in the tile
       uint8_t* const staging = staging_base + thread / 32 * Tile::kStagingWarpBytes;
@@ -741,7 +749,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       }
     };
     auto write_c = [&](auto activate_gate) {
-      if constexpr (Tile::kStagingBytes > 0)
+      if constexpr ((kStagingBytes<Tile, kGated>) > 0 && kScales != Scales::kEpilogue)
         write_tile_staged(groups.c, activate_gate);
       else
         write_tile(groups.c, activate_gate);
@@ -833,7 +841,7 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
                                Activation activation, cudaStream_t stream) {
   constexpr bool kFp8 = Tile::kFp8;
   auto* kernel = specialized_gemm_kernel<Tile, kGated, kScales>;
-  constexpr size_t kSharedBytes = specialized_shared_bytes<Tile>();
+  constexpr size_t kSharedBytes = specialized_shared_bytes<Tile, kGated>();
   static const cudaError_t attribute_error = [&] {
     const cudaError_t error =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes));
