@@ -92,8 +92,10 @@ struct PairExchange {
 // copies (10% of the e4m3 tile's time at 16k tokens); else each stage's with the stage.
 inline constexpr size_t kSharedBudget = 227 * 1024 - 1024 - 512;  // - ring alignment, - static shared
 // The kernels that write bf16 c stage it (write_tile_staged below): every bf16 kernel and the
-// e4m3 GEMM2s. e4m3 GEMM1 writes codes, and its scale slots keep the whole shared memory left
-// (deepseek-v3's 56 K tiles need 60 of the wide tile's 64 to be copied up front).
+// e4m3 GEMM2s (those with epilogue scales, which use no scale slots, hold the buffers unused
+// and write their fragments). e4m3 GEMM1 writes codes, and its scale slots keep the whole
+// shared memory left (deepseek-v3's 56 K tiles need 60 of the wide tile's 63 to be copied up
+// front).
 template <typename Tile, bool kGated>
 inline constexpr int kStagingBytes = (Tile::kFp8 && kGated) ? 0 : Tile::kConsumerThreads / 32 * Tile::kStagingWarpBytes;
 template <typename Tile, bool kGated>
