@@ -146,9 +146,13 @@ __device__ inline float activate(Activation activation, float value) {
   return activation == Activation::kSilu ? Silu{}(value) : Gelu{}(value);
 }
 
-__device__ inline void store_pair(uint16_t* destination, float first, float second) {
+// Two values as bf16 in one word, the first in the low half (the lower address).
+__device__ inline uint32_t pack_bf16x2(float first, float second) {
   const __nv_bfloat162 packed = __floats2bfloat162_rn(first, second);
-  *reinterpret_cast<__nv_bfloat162*>(destination) = packed;
+  return reinterpret_cast<const uint32_t&>(packed);
+}
+__device__ inline void store_pair(uint16_t* destination, float first, float second) {
+  *reinterpret_cast<uint32_t*>(destination) = pack_bf16x2(first, second);
 }
 
 // The output columns the grid covers: the wider of the routed and the shared experts'.

@@ -326,10 +326,6 @@ __device__ inline void stmatrix_x4(uint8_t* address, const uint32_t (&pieces)[4]
                "r"(pieces[0]), "r"(pieces[1]), "r"(pieces[2]), "r"(pieces[3])
                : "memory");
 }
-__device__ inline uint32_t pack_bf16x2(float first, float second) {
-  const __nv_bfloat162 packed = __floats2bfloat162_rn(first, second);
-  return reinterpret_cast<const uint32_t&>(packed);
-}
 
 // The consumers' and the producer's own barriers (0 is __syncthreads).
 __device__ inline void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(256) : "memory"); }
