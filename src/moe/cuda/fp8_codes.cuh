@@ -21,8 +21,38 @@ __device__ inline float scale_for_amax(uint32_t amax_bits) {
   return isnan(amax) ? __uint_as_float(kNanBits) : fmaxf(amax, kFp8MinAmax) / kFp8MaxCode;
 }
 
-__device__ inline uint8_t encode_e4m3(float value, float scale) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(value / scale, __NV_SATFINITE, __NV_E4M3));
+// value / scale as the IEEE division rounds it, from inverse = 1 / scale (IEEE), for the
+// quantiser's scales (scale_for_amax of a bf16 amax: at least 1e-10 / 448, so nothing
+// underflows) and the bf16 values of their blocks (|value| <= amax: the quotient stays within
+// 448, nothing overflows): q = value x inverse, then one correction by the residual value -
+// q x scale, which an FMA gives exactly (Markstein: from a correctly rounded reciprocal, one
+// such step rounds the quotient correctly). A zero residual keeps q (and the sign of a zero
+// value); so does an infinite scale (inverse 0: q is 0, or NaN for an infinite value, as the
+// division gives). Checked code for code against the division for every bf16 amax and every
+// bf16 value of its blocks (tests/test_scale_division.cu). One multiply and two FMAs where
+// the division takes about eight instructions, a range check and a slow-path call.
+__host__ __device__ inline float divide_by_scale(float value, float scale, float inverse) {
+  const float quotient = value * inverse;
+  const float residual = fmaf(-quotient, scale, value);
+  return inverse == 0.0f || residual == 0.0f ? quotient : fmaf(residual, inverse, quotient);
+}
+
+// A scale and how values are divided by it. The quantiser's own scales (of a block's amax)
+// go by their reciprocal (divide_by_scale); a static scale the caller gives (any float) by
+// the IEEE division. A kernel that may meet either picks the type once, not per value.
+struct AmaxScale {
+  float scale, inverse;
+  __device__ explicit AmaxScale(uint32_t amax_bits) : scale(scale_for_amax(amax_bits)), inverse(1.0f / scale) {}
+  __device__ float quotient(float value) const { return divide_by_scale(value, scale, inverse); }
+};
+struct StaticScale {
+  float scale;
+  __device__ float quotient(float value) const { return value / scale; }
+};
+
+template <typename Scale>
+__device__ inline uint8_t encode_e4m3(float value, const Scale& scale) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(scale.quotient(value), __NV_SATFINITE, __NV_E4M3));
 }
 
 // |value| as ordered bits; NaN maps above every number.
@@ -30,8 +60,10 @@ __device__ inline uint32_t magnitude_bits(float value) {
   return isnan(value) ? kNanBits : __float_as_uint(fabsf(value));
 }
 
-__device__ inline uint32_t warp_max_bits(uint32_t bits) {
-  for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
+// The max over groups of `lanes` neighbouring lanes (a power of two up to 32); every lane of
+// the warp calls it.
+__device__ inline uint32_t warp_max_bits(uint32_t bits, int lanes = 32) {
+  for (int offset = lanes / 2; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
   return bits;
 }
 
@@ -42,7 +74,8 @@ __device__ inline void unpack_bf16x4(uint2 quad, float (&v)[4]) {
 }
 
 // The codes of four values, packed in value order.
-__device__ inline uint32_t encode_e4m3x4(const float (&v)[4], float scale) {
+template <typename Scale>
+__device__ inline uint32_t encode_e4m3x4(const float (&v)[4], const Scale& scale) {
   return encode_e4m3(v[0], scale) | encode_e4m3(v[1], scale) << 8 | encode_e4m3(v[2], scale) << 16 |
          uint32_t{encode_e4m3(v[3], scale)} << 24;
 }
@@ -77,7 +110,7 @@ __device__ inline float quantize_span(const uint16_t* values, uint8_t* codes, in
   for_each_value(values, width, quads, lane, [&](int64_t, const float (&v)[4], int n) {
     for (int j = 0; j < n; ++j) amax = max(amax, magnitude_bits(v[j]));
   });
-  const float scale = scale_for_amax(warp_max_bits(amax));
+  const AmaxScale scale(warp_max_bits(amax));
   for_each_value(values, width, quads, lane, [&](int64_t i, const float (&v)[4], int n) {
     if (n == 4) {  // i % 4 == 0 and codes 4-byte aligned
       *reinterpret_cast<uint32_t*>(codes + i) = encode_e4m3x4(v, scale);
@@ -85,27 +118,38 @@ __device__ inline float quantize_span(const uint16_t* values, uint8_t* codes, in
       codes[i] = encode_e4m3(v[0], scale);
     }
   });
-  return scale;
+  return scale.scale;
 }
 
-// One warp quantises a span of at most 128 values held in registers, four per lane (lane l
-// holds values 4l..4l+3, `held` where the span has them): one read, no second pass. Writes
-// lane l's codes at codes + 4 l (4-byte aligned) and returns the scale: the given static
-// one, or that of the span's amax.
-__device__ inline float quantize_held(uint2 quad, bool held, const float* static_scale, uint8_t* codes, int lane) {
-  float v[4];
-  unpack_bf16x4(quad, v);
-  float scale;
+// A span of at most 128 values held in registers, quantised by the lanes that hold it: kQuads
+// quads of four values a lane (lane l holds values 4 kQuads l .. 4 kQuads l + 4 kQuads - 1,
+// `held` where the span has them), so a warp a span for one quad (8-byte loads), a half-warp
+// for two (16-byte loads; the other half, with its own span, must call it too: the
+// shuffles). One read, no second pass. Writes lane l's codes at codes + 4 kQuads l (aligned
+// to that) and returns the scale: the given static one, or that of the span's amax.
+template <int kQuads>
+__device__ inline float quantize_held(const uint2 (&quads)[kQuads], bool held, const float* static_scale,
+                                      uint8_t* codes, int lane) {
+  float v[kQuads][4];
+  for (int i = 0; i < kQuads; ++i) unpack_bf16x4(quads[i], v[i]);
+  auto write = [&](const auto& scale) {
+    if (!held) return;
+    if constexpr (kQuads == 1)
+      *reinterpret_cast<uint32_t*>(codes + 4 * lane) = encode_e4m3x4(v[0], scale);
+    else
+      *reinterpret_cast<uint2*>(codes + 8 * lane) = make_uint2(encode_e4m3x4(v[0], scale), encode_e4m3x4(v[1], scale));
+  };
   if (static_scale) {
-    scale = *static_scale;
-  } else {
-    uint32_t amax = 0;
-    if (held)
-      for (float value : v) amax = max(amax, magnitude_bits(value));
-    scale = scale_for_amax(warp_max_bits(amax));
+    write(StaticScale{*static_scale});
+    return *static_scale;
   }
-  if (held) *reinterpret_cast<uint32_t*>(codes + 4 * lane) = encode_e4m3x4(v, scale);
-  return scale;
+  uint32_t amax = 0;
+  if (held)
+    for (int i = 0; i < kQuads; ++i)
+      for (float value : v[i]) amax = max(amax, magnitude_bits(value));
+  const AmaxScale scale(warp_max_bits(amax, 32 / kQuads));
+  write(scale);
+  return scale.scale;
 }
 
 }  // namespace epmoe::cuda

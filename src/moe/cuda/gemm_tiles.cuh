@@ -271,7 +271,8 @@ __device__ inline int quantize_output(const EpilogueQuantize& q, int32_t* arriva
     for (int j = 0; j < kBatch; ++j) {
       const int64_t row = first + j * warps, slot = first_slot + row;
       if (row < rows) {  // warp-uniform
-        const float scale = quantize_held(quads[j], held, q.static_scale, q.codes + slot * c_stride + begin, lane);
+        const uint2 quad[1] = {quads[j]};
+        const float scale = quantize_held(quad, held, q.static_scale, q.codes + slot * c_stride + begin, lane);
         if (lane == 0 && per_group) q.scales[slot * ((c_stride + q.group - 1) / q.group) + begin / q.group] = scale;
       }
     }

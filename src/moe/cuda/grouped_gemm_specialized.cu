@@ -300,12 +300,10 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
     barrier_wait(&exchange->landed, parity);
     for (int h = 0; h < 2; ++h) amax[h] = max(amax[h], exchange->amax[parity][rows[h]]);
   }
-  const float static_scale = per_group ? 0.0f : *q.static_scale;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  // The codes, by the row's scale (the type picked once: per group the amax's, else static).
+  auto write = [&](int h, const auto& scale) {
     const int32_t slot = first_slot + rows[h];
-    if (slot >= group_end) continue;
-    const float scale = per_group ? scale_for_amax(amax[h]) : static_scale;
+    if (slot >= group_end) return;
     uint8_t* codes = q.codes + static_cast<int64_t>(slot) * stride;
 #pragma unroll
     for (int j = 0; j < kBlocks; ++j) {
@@ -315,7 +313,14 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
           static_cast<uint16_t>(encode_e4m3(outputs[j][2 * h], scale) | encode_e4m3(outputs[j][2 * h + 1], scale) << 8);
     }
     if (per_group && lane % 4 == 0 && first_col % q.group == 0)
-      q.scales[slot * ((stride + q.group - 1) / q.group) + first_col / q.group] = scale;
+      q.scales[slot * ((stride + q.group - 1) / q.group) + first_col / q.group] = scale.scale;
+  };
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (per_group)
+      write(h, AmaxScale(amax[h]));
+    else
+      write(h, StaticScale{*q.static_scale});
   }
 }
 
