@@ -1,7 +1,8 @@
 // The GPU's fp8 quantisers against the CPU quantiser: the same scales and the same e4m3
 // codes, bit for bit, per token, per group of 128 and per tensor (dynamic and static), on
 // fresh random rows of varied magnitude, plus a row of zeros, a row of huge values, and a
-// NaN, which must make its block's scale and codes NaN.
+// NaN, which must make its block's scale and codes NaN; and only the rows a local pair reads
+// where the caller asks so.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -41,8 +42,9 @@ struct Quantized {
 };
 
 // group > 0: per row and group (group = cols: per row); 0: per tensor (static_scale when
-// not NaN).
-Quantized on_gpu(const std::vector<uint16_t>& values, int64_t cols, int64_t group, float static_scale) {
+// not NaN). slot_of_pair (kRows x top_k, when not empty): only the rows with a slot there.
+Quantized on_gpu(const std::vector<uint16_t>& values, int64_t cols, int64_t group, float static_scale,
+                 const std::vector<int32_t>& slot_of_pair = {}, int top_k = 0) {
   const int64_t scale_count = group > 0 ? kRows * ((cols + group - 1) / group) : 1;
   DeviceBuffer d_values = DeviceBuffer::allocate(values.size() * 2).value();
   DeviceBuffer d_codes = DeviceBuffer::allocate(values.size()).value();
@@ -63,6 +65,13 @@ Quantized on_gpu(const std::vector<uint16_t>& values, int64_t cols, int64_t grou
   q.group = group;
   q.static_scale = std::isnan(static_scale) ? nullptr : given;
   q.amax_bits = amax_bits;
+  DeviceBuffer d_slots = DeviceBuffer::allocate(slot_of_pair.size() * 4 + 4).value();
+  if (!slot_of_pair.empty()) {
+    EXPECT_EQ(cudaMemcpy(d_slots.data(), slot_of_pair.data(), slot_of_pair.size() * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    q.slot_of_pair = static_cast<const int32_t*>(d_slots.data());
+    q.top_k = top_k;
+  }
   EXPECT_EQ(cuda::launch_quantize_fp8(q, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   Quantized out{std::vector<uint8_t>(values.size()), std::vector<float>(scale_count)};
@@ -121,6 +130,54 @@ TEST_P(GpuQuantizer, SameCodesAndScalesAsTheCpu) {
     EXPECT_EQ(cpu.scales[3 * groups], kFp8MinAmax / kFp8E4M3Max);
     if (c.with_nan) EXPECT_TRUE(std::isnan(cpu.scales[7 * groups + (c.cols / 3) / c.group]));
   }
+}
+
+// x for the routed experts: only the rows of tokens with a local pair (a slot among their
+// top_k) get codes and scales, as the CPU's; the others keep the poison.
+TEST(GpuQuantizerRows, QuantisesOnlyTheRowsALocalPairReads) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  constexpr int kTopK = 8;
+  std::vector<int32_t> slot_of_pair(kRows * kTopK, -1);
+  std::vector<bool> read(kRows, false);
+  int32_t next_slot = 0;
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int j = 0; j < kTopK; ++j)
+      if (rng() % 12 == 0) slot_of_pair[r * kTopK + j] = next_slot++, read[r] = true;
+  read[0] = true, slot_of_pair[kTopK - 1] = next_slot++;         // a row read through its last pair only
+  for (int j = 0; j < kTopK; ++j) slot_of_pair[kTopK + j] = -1;  // row 1 read by none
+  read[1] = false;
+  for (const auto& [cols, group] : {std::pair<int64_t, int64_t>{7168, 128}, {1000, 128}, {2048, 2048}}) {
+    SCOPED_TRACE("cols " + std::to_string(cols) + " group " + std::to_string(group));
+    const std::vector<uint16_t> values = random_rows(cols, true, seed);
+    const Quantized cpu = on_cpu(values, cols, group, NAN);
+    const Quantized gpu = on_gpu(values, cols, group, NAN, slot_of_pair, kTopK);
+    const int64_t scales_per_row = (cols + group - 1) / group;
+    size_t wrong = 0;
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t c = 0; c < cols; ++c)
+        wrong += gpu.codes[r * cols + c] != (read[r] ? cpu.codes[r * cols + c] : uint8_t{0x55});
+      for (int64_t g = 0; g < scales_per_row; ++g) {
+        const float got = gpu.scales[r * scales_per_row + g], expected = cpu.scales[r * scales_per_row + g];
+        if (!read[r])
+          wrong += std::bit_cast<uint32_t>(got) != 0xffffffffu;  // the poison
+        else
+          wrong += std::isnan(expected) ? !std::isnan(got)
+                                        : std::bit_cast<uint32_t>(got) != std::bit_cast<uint32_t>(expected);
+      }
+    }
+    EXPECT_EQ(wrong, 0u);
+  }
+}
+
+// A row filter with a per-tensor amax would change the scale: refused.
+TEST(GpuQuantizerRows, RefusesARowFilterForAPerTensorAmax) {
+  cuda::Fp8Quantize q{nullptr, nullptr, nullptr, 1, 128, 128, cuda::Fp8Granularity::kPerTensor};
+  const int32_t slot = 0;
+  q.slot_of_pair = &slot;
+  q.top_k = 1;
+  EXPECT_EQ(cuda::launch_quantize_fp8(q, nullptr), cudaErrorInvalidValue);
 }
 
 INSTANTIATE_TEST_SUITE_P(

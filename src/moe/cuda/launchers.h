@@ -306,6 +306,11 @@ struct Fp8Quantize {
   // the call's first kernel: moe_forward.cu, the early shared tiles on fp8).
   int32_t* zero = nullptr;
   int64_t zero_count = 0;
+  // Where set (x for the routed experts, per group or per row, without row_groups): row t is
+  // quantised only if one of slot_of_pair[t top_k, + top_k) is a slot; the rows of tokens no
+  // local pair reads keep whatever their codes and scales held.
+  const int32_t* slot_of_pair = nullptr;
+  int top_k = 0;
 };
 // `start` applies to the first of its launches.
 cudaError_t launch_quantize_fp8(const Fp8Quantize& quantize, cudaStream_t stream, Start start = Start::kEarly);

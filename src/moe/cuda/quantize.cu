@@ -7,7 +7,8 @@
 //     floats, NaN above every number), then the codes; or a given static scale. Over rows
 //     in expert groups (GEMM2's input), one amax and one scale per group.
 // Rows in groups (RowGroups) may be narrower than the row stride (the shared experts' I_s
-// beside the routed I), and rows past the last group hold nothing and are skipped.
+// beside the routed I), and rows past the last group hold nothing and are skipped; so are x's
+// rows that no local pair reads, where the caller says which (Fp8Quantize::slot_of_pair).
 // Bound by reading the values (the two-pass kernels read them twice, the second time from
 // L1/L2). The kernels are chained launches (launch.cuh) like the rest of the pipeline.
 #include <algorithm>
@@ -45,6 +46,11 @@ struct RowPlace {
 };
 
 __device__ RowPlace place_of(const Fp8Quantize& q, int64_t row) {
+  if (q.slot_of_pair) {  // (every thread reads the same top_k slots: one line)
+    bool read = false;
+    for (int j = 0; j < q.top_k; ++j) read |= q.slot_of_pair[row * q.top_k + j] >= 0;
+    if (!read) return {0, 0, false};
+  }
   const RowGroups& g = q.row_groups;
   if (!g.offsets) return {-1, q.cols, true};
   if (row >= g.offsets[g.count]) return {0, 0, false};
@@ -155,6 +161,9 @@ __global__ void tensor_codes_kernel(Fp8Quantize q) {
 
 cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream, Start start) {
   if (q.zero_count > 0 && q.granularity != Fp8Granularity::kPerGroup) return cudaErrorInvalidValue;
+  // Rows left alone would change a per-tensor amax; row groups have no tokens.
+  if (q.slot_of_pair && (q.granularity == Fp8Granularity::kPerTensor || q.top_k < 1 || q.row_groups.offsets))
+    return cudaErrorInvalidValue;
   if (q.rows == 0) return cudaSuccess;
   static const cudaError_t carveout =
       prefer_max_shared_memory(quantize_groups_kernel, quantize_rows_kernel, tensor_codes_kernel);
