@@ -69,7 +69,8 @@ __device__ RowPlace place_of(const Fp8Quantize& q, int64_t row) {
 // lane, and quantises them from the registers; else the warp takes its groups one by one in
 // two passes (quantize_span). (A warp a group with one load at a time left the kernel bound by
 // latency: 329 us for deepseek-v3's x at 16k tokens, 352 MB, ~90 us of HBM. Four groups a
-// warp at 8 bytes a lane: 193 us on an H100, ~60% of its copy rate, twenty-fourth session.)
+// warp at 8 bytes a lane: 193 us on an H100, ~60% of its copy rate; two a half-warp, with
+// the division by the reciprocal: 170 us, 69%. docs/KERNELS.md, twenty-fourth and -fifth sessions.)
 constexpr int kGroupsPerHalfWarp = 2;
 constexpr int kGroupsPerWarp = 2 * kGroupsPerHalfWarp;
 constexpr int kGroupsPerBlock = kWarpsPerBlock * kGroupsPerWarp;
