@@ -1,18 +1,19 @@
 // divide_by_scale (moe/cuda/fp8_codes.cuh) against the IEEE division it replaces in the fp8
-// quantisers: for every bf16 amax, the scale the quantiser makes of it, and every bf16 value a
-// block with that amax can hold (|value| <= amax, both signs), the e4m3 code of the quotient
-// must be the division's (the code the CPU quantiser writes). Exhaustive, on the host: ~1.1e9
-// pairs over the machine's cores. Runs without a GPU.
+// quantisers: for every bf16 amax, the scale the CPU quantiser makes of it (fp8_scale_for_amax,
+// which the kernels' scale_for_amax matches bit for bit, test_quantize_gpu), and every bf16
+// value a block with that amax can hold (|value| <= amax, both signs), the e4m3 code of the
+// quotient must be the division's (the code the CPU quantiser writes). Exhaustive, on the
+// host: ~1.1e9 pairs over the machine's cores. Runs without a GPU.
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "epmoe/quantize.h"
 #include "moe/cuda/fp8_codes.cuh"
 
 namespace epmoe {
@@ -29,9 +30,6 @@ uint8_t code(float quotient) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(quotient, __NV_SATFINITE, __NV_E4M3));
 }
 
-// The quantiser's scale of an amax (fp8_codes.cuh's scale_for_amax, on the host).
-float scale_of(float amax) { return std::fmax(amax, cuda::kFp8MinAmax) / cuda::kFp8MaxCode; }
-
 TEST(ScaleDivision, GivesTheDivisionsCodeForEveryBf16BlockValueAndItsScale) {
   constexpr uint32_t kInfinity = 0x7f80;  // bf16 bits of +inf: amax up to it (a NaN makes every code NaN either way)
   std::atomic<uint32_t> next{0};
@@ -39,7 +37,7 @@ TEST(ScaleDivision, GivesTheDivisionsCodeForEveryBf16BlockValueAndItsScale) {
   std::atomic<uint32_t> first_mismatch{~0u};  // amax bits << 16 | value bits
   auto check = [&] {
     for (uint32_t amax_bits = next++; amax_bits <= kInfinity; amax_bits = next++) {
-      const float scale = scale_of(bf16_pattern(amax_bits)), inverse = 1.0f / scale;
+      const float scale = fp8_scale_for_amax(bf16_pattern(amax_bits)), inverse = 1.0f / scale;
       for (uint32_t magnitude = 0; magnitude <= amax_bits; ++magnitude)
         for (uint32_t sign : {0u, 0x8000u}) {
           const float value = bf16_pattern(sign | magnitude);
