@@ -190,24 +190,34 @@ struct Fp8Input {
   cuda::ScaleGrid grid;
 };
 
+// What a quantisation launch does beside its rows' codes: when it starts, the counters it
+// zeroes on the way (Fp8Quantize::zero), and the rows it leaves alone (those no local pair
+// reads, Fp8Quantize::slot_of_pair).
+struct QuantizeExtras {
+  cuda::Start start = cuda::Start::kEarly;
+  int32_t* zero = nullptr;
+  int64_t zero_count = 0;
+  const int32_t* slot_of_pair = nullptr;
+  int top_k = 0;
+};
+
 // values [rows, stride] bf16 (cols used per row, or as row_groups says) -> codes and scales
 // per the scheme; a static scale (fp8_tensor) when the checkpoint has one.
 Fp8Input quantize_input(const QuantSpec& quant, const uint16_t* values, int64_t rows, int64_t cols, int64_t stride,
                         uint8_t* codes, float* scales, const std::optional<Tensor>& static_scale,
                         const cuda::RowGroups& row_groups, uint32_t* amax_bits, cudaStream_t stream,
-                        cuda::Start start = cuda::Start::kEarly, int32_t* zero = nullptr, int64_t zero_count = 0,
-                        const int32_t* slot_of_pair = nullptr, int top_k = 0) {
+                        const QuantizeExtras& extras = {}) {
   cuda::Fp8Quantize q{values, codes, scales, rows, cols, stride, activation_granularity(quant.scheme)};
   q.group = quant.block_k;
   q.static_scale = static_scale ? static_scale->data_as<float>() : nullptr;
   q.amax_bits = amax_bits;
   q.row_groups = row_groups;
-  q.zero = zero;
-  q.zero_count = zero_count;
-  q.slot_of_pair = slot_of_pair;
-  q.top_k = top_k;
+  q.zero = extras.zero;
+  q.zero_count = extras.zero_count;
+  q.slot_of_pair = extras.slot_of_pair;
+  q.top_k = extras.top_k;
   const cuda::ScaleGrid grid = activation_grid(quant, scales, stride, q.static_scale, row_groups.offsets != nullptr);
-  const cudaError_t error = cuda::launch_quantize_fp8(q, stream, start);
+  const cudaError_t error = cuda::launch_quantize_fp8(q, stream, extras.start);
   if (error != cudaSuccess)
     return {Status(StatusCode::kInternal, std::string("launch_quantize_fp8: ") + cudaGetErrorString(error)), codes, grid};
   return {Status{}, codes, grid};
@@ -287,15 +297,17 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   const bool quantize_x_first = fp8 && (shared_early || self_routes);
   // x itself quantised: into the shared experts' buffers where the routed rows take x times
   // the router weight, else into the one set both take.
-  auto quantize_x = [&](cuda::Start start = cuda::Start::kEarly, int32_t* zero = nullptr, int64_t zero_count = 0) {
+  auto quantize_x = [&](const QuantizeExtras& extras = {}) {
     return quantize_input(spec.quant, x, s.tokens, s.hidden, s.hidden,
                           layout.separate_shared_input ? layout.shared_x_codes : layout.x_codes,
-                          layout.separate_shared_input ? layout.shared_x_scales : layout.x_scales,
-                          weights.input_scale, {}, layout.amax_bits, stream, start, zero, zero_count);
+                          layout.separate_shared_input ? layout.shared_x_scales : layout.x_scales, weights.input_scale,
+                          {}, layout.amax_bits, stream, extras);
   };
   Fp8Input x_first{};
   if (quantize_x_first) {
-    x_first = quantize_x(cuda::Start::kAfterPredecessor, layout.pairs.arrivals, layout.pairs.arrival_count);
+    x_first = quantize_x({.start = cuda::Start::kAfterPredecessor,
+                          .zero = layout.pairs.arrivals,
+                          .zero_count = layout.pairs.arrival_count});
     EPMOE_RETURN_IF_ERROR(x_first.status);
   }
   cuda::PairLayout sort_layout = layout.pairs;
@@ -381,8 +393,9 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
         quantize_x_first && !layout.separate_shared_input
             ? x_first
             : quantize_input(spec.quant, routed_input, s.tokens, s.hidden, s.hidden, layout.x_codes, layout.x_scales,
-                             weights.input_scale, {}, layout.amax_bits, stream, cuda::Start::kEarly, nullptr, 0,
-                             routed_rows_only ? layout.pairs.slot_of_pair : nullptr, static_cast<int>(s.top_k));
+                             weights.input_scale, {}, layout.amax_bits, stream,
+                             {.slot_of_pair = routed_rows_only ? layout.pairs.slot_of_pair : nullptr,
+                              .top_k = static_cast<int>(s.top_k)});
     EPMOE_RETURN_IF_ERROR(routed.status);
     Fp8Input shared_input = routed;
     if (layout.separate_shared_input) {  // the shared experts take x itself
