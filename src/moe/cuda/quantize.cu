@@ -98,7 +98,8 @@ __global__ void quantize_groups_kernel(Fp8Quantize q) {
   // Whether a local pair reads a unit's row: lane j < top_k holds pair j's slot, loaded a unit
   // ahead, so that the wait for it falls behind this unit's loads.
   auto pair_slot = [&](int64_t unit) {
-    return q.slot_of_pair && unit < units && lane < q.top_k ? q.slot_of_pair[unit / units_per_row * q.top_k + lane] : -1;
+    const bool held = q.slot_of_pair && unit < units && lane < q.top_k;
+    return held ? q.slot_of_pair[unit / units_per_row * q.top_k + lane] : -1;
   };
   const int64_t first_unit = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
   int32_t slot = pair_slot(first_unit);
@@ -123,7 +124,8 @@ __global__ void quantize_groups_kernel(Fp8Quantize q) {
                         ? __ldcg(reinterpret_cast<const uint4*>(q.values + group_begin(half_group(j))) + half_lane)
                         : make_uint4(0, 0, 0, 0);
 #pragma unroll
-      for (int j = 0; j < kGroupsPerHalfWarp; ++j) {  // every lane, for the shuffles; a group past the row stores nothing
+      for (int j = 0; j < kGroupsPerHalfWarp; ++j) {
+        // (every lane, for the shuffles; a group past the row stores nothing)
         const int g = half_group(j);
         const uint2 quads[2] = {make_uint2(octets[j].x, octets[j].y), make_uint2(octets[j].z, octets[j].w)};
         const float scale =
