@@ -58,8 +58,8 @@ Quantized on_gpu(const std::vector<uint16_t>& values, int64_t cols, int64_t grou
   uint32_t* amax_bits = reinterpret_cast<uint32_t*>(scales + scale_count + 1);
   if (!std::isnan(static_scale))
     EXPECT_EQ(cudaMemcpy(given, &static_scale, 4, cudaMemcpyHostToDevice), cudaSuccess);
-  cuda::Fp8Quantize q{static_cast<const uint16_t*>(d_values.data()), static_cast<uint8_t*>(d_codes.data()), scales,
-                      rows, cols, cols};
+  cuda::Fp8Quantize q{
+      static_cast<const uint16_t*>(d_values.data()), static_cast<uint8_t*>(d_codes.data()), scales, rows, cols, cols};
   q.granularity = group == 0      ? cuda::Fp8Granularity::kPerTensor
                   : group == cols ? cuda::Fp8Granularity::kPerRow
                                   : cuda::Fp8Granularity::kPerGroup;
@@ -184,19 +184,18 @@ TEST(GpuQuantizerRows, RefusesARowFilterForAPerTensorAmax) {
 
 // (per_group_many_rows: more units of four groups than the warps the GPU holds at once, so
 // that each warp of the per-group kernel walks several.)
-INSTANTIATE_TEST_SUITE_P(
-    Schemes, GpuQuantizer,
-    ::testing::Values(QuantCase{"per_token_7168", kRows, 7168, 7168, false, NAN},
-                      QuantCase{"per_token_nan", kRows, 2048, 2048, true, NAN},
-                      QuantCase{"per_group_128", kRows, 7168, 128, false, NAN},
-                      QuantCase{"per_group_nan", kRows, 1536, 128, true, NAN},
-                      QuantCase{"per_group_ragged", kRows, 1000, 128, true, NAN},
-                      QuantCase{"per_group_many_rows", 5003, 7168, 128, true, NAN},
-                      QuantCase{"per_tensor", kRows, 4096, 0, false, NAN},
-                      QuantCase{"per_tensor_nan", kRows, 4096, 0, true, NAN},
-                      // a static scale small enough that the huge row and many others saturate
-                      QuantCase{"per_tensor_static_saturating", kRows, 4096, 0, false, 0.01f}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Schemes, GpuQuantizer,
+                         ::testing::Values(QuantCase{"per_token_7168", kRows, 7168, 7168, false, NAN},
+                                           QuantCase{"per_token_nan", kRows, 2048, 2048, true, NAN},
+                                           QuantCase{"per_group_128", kRows, 7168, 128, false, NAN},
+                                           QuantCase{"per_group_nan", kRows, 1536, 128, true, NAN},
+                                           QuantCase{"per_group_ragged", kRows, 1000, 128, true, NAN},
+                                           QuantCase{"per_group_many_rows", 5003, 7168, 128, true, NAN},
+                                           QuantCase{"per_tensor", kRows, 4096, 0, false, NAN},
+                                           QuantCase{"per_tensor_nan", kRows, 4096, 0, true, NAN},
+                                           // a static scale small enough that the huge row and many others saturate
+                                           QuantCase{"per_tensor_static_saturating", kRows, 4096, 0, false, 0.01f}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace epmoe
