@@ -30,6 +30,15 @@ def main():
     if e4m3:
         line += f", e4m3 GEMM {min(e4m3):.0f}-{max(e4m3):.0f} TFLOP/s (the fp8 floors' rate)"
     print(line + f" ({runs[0]['device']}).")
+    # The SM clock (median of each timed region's NVML samples), where the bench could read it:
+    # a time at a lower clock than the floor's GEMM ran at says the card held its clock down.
+    timed = [r["clocks"] for run in runs for r in run["results"] if r.get("clocks")]
+    rates = [c[key] for c in ceilings for key in ("rate_clocks", "bf16_rate_clocks") if c.get(key)]
+    if timed and rates:
+        mhz = [c["sm_mhz_median"] for c in timed]
+        print(f"SM clock while timed: {min(mhz):.0f}-{max(mhz):.0f} MHz (the ceilings' GEMMs: "
+              f"{min(c['sm_mhz_median'] for c in rates):.0f}-{max(c['sm_mhz_median'] for c in rates):.0f} MHz); "
+              f"power-capped in up to {100 * max(c['power_capped_share'] for c in timed):.0f}% of a case's samples.")
 
 
 if __name__ == "__main__":

@@ -18,12 +18,17 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
 
 #include "bench_cuda.h"
 #include "commands.h"
 #include "epmoe/device_case.h"
 #include "epmoe/moe_cuda.h"
 #include "epmoe/quantize.h"
+#include "gpu_clocks.h"
 
 namespace epmoe::cli {
 
@@ -73,6 +78,7 @@ __global__ void fill_constant(float* data, int64_t count, float value) {
 
 struct DeviceCeilings {
   double bytes_per_second = 0, flops_per_second = 0;
+  std::optional<ClockReading> rate_clocks;  // while the GEMM that set flops_per_second ran
 };
 
 // The median time in ms of `repeats` runs of work(i) on the default stream, by CUDA events;
@@ -99,7 +105,7 @@ Result<float> median_ms(int repeats, Work work) {
   return median(times);
 }
 
-Result<DeviceCeilings> measure_ceilings() {
+Result<DeviceCeilings> measure_ceilings(ClockSampler& sampler) {
   DeviceCeilings ceilings;
   constexpr size_t kCopyBytes = size_t{2} << 30;
   Result<DeviceBuffer> source = DeviceBuffer::allocate(kCopyBytes), target = DeviceBuffer::allocate(kCopyBytes);
@@ -130,7 +136,9 @@ Result<DeviceCeilings> measure_ceilings() {
                                CUBLAS_GEMM_DEFAULT);
   };
   for (int i = 0; i < 3; ++i) gemm(i);
+  sampler.start();
   const Result<float> gemm_ms = median_ms(10, gemm);
+  ceilings.rate_clocks = sampler.stop();
   cublasDestroy(handle);
   if (gemm_status != CUBLAS_STATUS_SUCCESS) return Status::io_error("cublasGemmEx failed");
   if (!gemm_ms.ok()) return gemm_ms.status();
@@ -139,8 +147,8 @@ Result<DeviceCeilings> measure_ceilings() {
 }
 
 // The e4m3 tensor rate: an 8192^3 cuBLASLt GEMM (A^T B, both K-major e4m3, f32 accumulate,
-// bf16 out) on random codes.
-Result<double> measure_fp8_flops() {
+// bf16 out) on random codes, and the clocks it ran at.
+Result<std::pair<double, std::optional<ClockReading>>> measure_fp8_flops(ClockSampler& sampler) {
   constexpr int kN = 8192;
   constexpr size_t kWorkspaceBytes = size_t{32} << 20;
   Result<DeviceBuffer> a = DeviceBuffer::allocate(size_t{kN} * kN), b = DeviceBuffer::allocate(size_t{kN} * kN),
@@ -168,7 +176,9 @@ Result<double> measure_fp8_flops() {
                             c_layout, c->data(), c_layout, nullptr, workspace->data(), kWorkspaceBytes, nullptr);
   };
   for (int i = 0; i < 3; ++i) gemm(i);
+  sampler.start();
   const Result<float> gemm_ms = median_ms(10, gemm);
+  const std::optional<ClockReading> clocks = sampler.stop();
   for (cublasLtMatrixLayout_t layout : {a_layout, b_layout, c_layout})
     if (layout) cublasLtMatrixLayoutDestroy(layout);
   if (operation) cublasLtMatmulDescDestroy(operation);
@@ -176,7 +186,25 @@ Result<double> measure_fp8_flops() {
   if (status != CUBLAS_STATUS_SUCCESS)
     return Status::io_error("cuBLASLt e4m3 GEMM failed with status " + std::to_string(static_cast<int>(status)));
   if (!gemm_ms.ok()) return gemm_ms.status();
-  return 2.0 * kN * kN * double{kN} / (gemm_ms.value() * 1e-3);
+  return std::pair{2.0 * kN * kN * double{kN} / (gemm_ms.value() * 1e-3), clocks};
+}
+
+// " at 1980 MHz, 690 W, power-capped 40%" (medians), or nothing without a reading.
+std::string describe_clocks(const std::optional<ClockReading>& clocks) {
+  if (!clocks) return "";
+  char text[96];
+  std::snprintf(text, sizeof(text), " at %.0f MHz, %.0f W, power-capped %.0f%%", clocks->median_sm_mhz,
+                clocks->median_watts, 100 * clocks->power_capped_share);
+  return text;
+}
+
+nlohmann::json clocks_json(const std::optional<ClockReading>& clocks) {
+  if (!clocks) return nullptr;
+  return {{"sm_mhz_median", clocks->median_sm_mhz},
+          {"sm_mhz_min", clocks->min_sm_mhz},
+          {"watts_median", clocks->median_watts},
+          {"power_capped_share", clocks->power_capped_share},
+          {"samples", clocks->samples}};
 }
 
 }  // namespace
@@ -195,13 +223,18 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
   const bool fp8 = is_fp8(quant.scheme);
   cudaDeviceProp properties{};
   BENCH_CHECK(cudaGetDeviceProperties(&properties, 0));
-  Result<DeviceCeilings> ceilings = measure_ceilings();
+  char pci_bus_id[32] = {};
+  BENCH_CHECK(cudaDeviceGetPCIBusId(pci_bus_id, sizeof(pci_bus_id), 0));
+  const NvmlDevice nvml(pci_bus_id);
+  ClockSampler sampler(nvml);
+  Result<DeviceCeilings> ceilings = measure_ceilings(sampler);
   if (!ceilings.ok()) return usage_error("bench", ceilings.status().to_string());
   const double bf16_flops_per_second = ceilings->flops_per_second;
+  const std::optional<ClockReading> bf16_clocks = ceilings->rate_clocks;
   if (fp8) {  // the floor of an fp8 layer is set by the fp8 tensor rate
-    Result<double> fp8_rate = measure_fp8_flops();
+    const auto fp8_rate = measure_fp8_flops(sampler);
     if (!fp8_rate.ok()) return usage_error("bench", fp8_rate.status().to_string());
-    ceilings->flops_per_second = fp8_rate.value();
+    std::tie(ceilings->flops_per_second, ceilings->rate_clocks) = fp8_rate.value();
   }
 
   const int E = base.spec.routing.num_experts;
@@ -287,12 +320,15 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
   std::printf("bench %s, rank 0's share, %s (%d SMs, %d MB L2), %d weight cop%s of %.2f GiB\n",
               describe(problem).c_str(), properties.name, properties.multiProcessorCount,
               properties.l2CacheSize >> 20, copies, copies == 1 ? "y" : "ies", weight_bytes / (1 << 30));
-  std::printf("ceilings: copy %.2f TB/s, bf16 GEMM %.0f TFLOP/s", ceilings->bytes_per_second / 1e12,
-              bf16_flops_per_second / 1e12);
-  if (fp8) std::printf(", e4m3 GEMM %.0f TFLOP/s (the floor's)", ceilings->flops_per_second / 1e12);
+  std::printf("ceilings: copy %.2f TB/s, bf16 GEMM %.0f TFLOP/s%s", ceilings->bytes_per_second / 1e12,
+              bf16_flops_per_second / 1e12, describe_clocks(bf16_clocks).c_str());
+  if (fp8)
+    std::printf(", e4m3 GEMM %.0f TFLOP/s%s (the floor's)", ceilings->flops_per_second / 1e12,
+                describe_clocks(ceilings->rate_clocks).c_str());
   std::printf("\n");
-  std::printf("%7s %8s %8s %11s %8s %9s %11s %7s %6s\n", "T", "pairs", "experts", "time us", "TB/s", "TFLOP/s",
-              "floor us", "ratio", "bound");
+  if (!nvml.unavailable_reason().empty()) std::printf("clocks: not read (%s)\n", nvml.unavailable_reason().c_str());
+  std::printf("%7s %8s %8s %11s %8s %9s %11s %7s %6s %7s %5s %5s\n", "T", "pairs", "experts", "time us", "TB/s",
+              "TFLOP/s", "floor us", "ratio", "bound", "SM MHz", "W", "cap%");
   nlohmann::json results = nlohmann::json::array();
   constexpr int kInputSets = 4;
   for (int64_t T : token_counts) {
@@ -370,12 +406,14 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     const int replays = iterations * static_cast<int>(graphs.size());
     std::vector<cudaEvent_t> events(2 * replays);
     for (cudaEvent_t& event : events) BENCH_CHECK(cudaEventCreate(&event));
+    sampler.start();
     for (int i = 0; i < replays; ++i) {
       BENCH_CHECK(cudaEventRecord(events[2 * i], stream));
       BENCH_CHECK(cudaGraphLaunch(graphs[i % graphs.size()].first, stream));
       BENCH_CHECK(cudaEventRecord(events[2 * i + 1], stream));
     }
     BENCH_CHECK(cudaStreamSynchronize(stream));
+    const std::optional<ClockReading> clocks = sampler.stop();
     std::vector<float> times;
     for (int i = 0; i < replays; ++i) {
       float ms = 0;
@@ -400,26 +438,43 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     const double floor_seconds = floor_sum / rotation;
     const double bytes = mean.bytes / rotation, flops = mean.flops / rotation;
     const bool bandwidth_bound = bytes / ceilings->bytes_per_second >= flops / ceilings->flops_per_second;
-    std::printf("%7lld %8lld %8lld %11.1f %8.2f %9.1f %11.1f %7.2f %6s\n", static_cast<long long>(T),
-                static_cast<long long>(mean.local_pairs / rotation), static_cast<long long>(mean.experts_touched / rotation),
-                seconds * 1e6, bytes / seconds / 1e12, flops / seconds / 1e12, floor_seconds * 1e6,
-                seconds / floor_seconds, bandwidth_bound ? "memory" : "math");
+    std::printf("%7lld %8lld %8lld %11.1f %8.2f %9.1f %11.1f %7.2f %6s", static_cast<long long>(T),
+                static_cast<long long>(mean.local_pairs / rotation),
+                static_cast<long long>(mean.experts_touched / rotation), seconds * 1e6, bytes / seconds / 1e12,
+                flops / seconds / 1e12, floor_seconds * 1e6, seconds / floor_seconds,
+                bandwidth_bound ? "memory" : "math");
+    if (clocks)
+      std::printf(" %7.0f %5.0f %5.0f\n", clocks->median_sm_mhz, clocks->median_watts,
+                  100 * clocks->power_capped_share);
+    else
+      std::printf(" %7s %5s %5s\n", "-", "-", "-");
     std::fflush(stdout);
-    results.push_back({{"tokens", T}, {"local_pairs", mean.local_pairs / rotation},
-                       {"experts_touched", mean.experts_touched / rotation}, {"seconds", seconds}, {"bytes", bytes},
-                       {"flops", flops}, {"floor_seconds", floor_seconds}, {"ratio", seconds / floor_seconds},
-                       {"bound", bandwidth_bound ? "memory" : "math"}, {"calls_per_graph", calls}, {"replays", replays}});
+    results.push_back({{"tokens", T},
+                       {"local_pairs", mean.local_pairs / rotation},
+                       {"experts_touched", mean.experts_touched / rotation},
+                       {"seconds", seconds},
+                       {"bytes", bytes},
+                       {"flops", flops},
+                       {"floor_seconds", floor_seconds},
+                       {"ratio", seconds / floor_seconds},
+                       {"bound", bandwidth_bound ? "memory" : "math"},
+                       {"calls_per_graph", calls},
+                       {"replays", replays},
+                       {"clocks", clocks_json(clocks)}});
   }
   if (!json_path.empty()) {
-    const nlohmann::json document = {
-        {"device", properties.name},
-        {"problem", describe(problem)},
-        {"model", std::string(problem.preset->name)},
-        {"ep", base.num_ranks},
-        {"quant", std::string(quant_scheme_name(quant.scheme))},
-        {"ceilings", {{"bytes_per_second", ceilings->bytes_per_second}, {"flops_per_second", ceilings->flops_per_second},
-                      {"bf16_flops_per_second", bf16_flops_per_second}}},
-        {"results", results}};
+    const nlohmann::json document = {{"device", properties.name},
+                                     {"problem", describe(problem)},
+                                     {"model", std::string(problem.preset->name)},
+                                     {"ep", base.num_ranks},
+                                     {"quant", std::string(quant_scheme_name(quant.scheme))},
+                                     {"ceilings",
+                                      {{"bytes_per_second", ceilings->bytes_per_second},
+                                       {"flops_per_second", ceilings->flops_per_second},
+                                       {"bf16_flops_per_second", bf16_flops_per_second},
+                                       {"rate_clocks", clocks_json(ceilings->rate_clocks)},
+                                       {"bf16_rate_clocks", clocks_json(bf16_clocks)}}},
+                                     {"results", results}};
     std::ofstream file(json_path);
     file << document.dump(2) << "\n";
     if (!file) return usage_error("bench", "cannot write " + json_path);
