@@ -19,7 +19,7 @@ namespace epmoe::cli {
 // What the samples of one measured region say.
 struct ClockReading {
   double median_sm_mhz = 0, min_sm_mhz = 0;
-  double median_watts = 0;
+  double median_watts = 0;        // (recent drivers average the board's power over up to a second)
   double power_capped_share = 0;  // of the samples, those the driver marked as held down by the power cap
   int samples = 0;
 };
