@@ -1,10 +1,15 @@
-// The bench's clock readings: the summary of a region's samples, and a sampler that reads
-// nothing (no crash, no made-up figure) where NVML has no such device.
+// The bench's clock readings: the summary of a region's samples; the sampler through NVML's
+// C ABI, against this build's fake libnvidia-ml.so.1 (tests/fake_nvml.cpp, which ctest puts
+// first on LD_LIBRARY_PATH); and a sampler that reads nothing (no crash, no made-up figure)
+// where NVML has no such device.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu_clocks.h"
@@ -40,6 +45,49 @@ TEST(ClockSummary, TakesTheMedianTheMinimumAndTheCappedShare) {
 }
 
 TEST(ClockSummary, NoSamplesNoReading) { EXPECT_FALSE(summarize({}).has_value()); }
+
+TEST(ClockSampler, ReadsWhatTheDriverReports) {
+  void* library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(library, nullptr) << "run through ctest, which puts this build's fake NVML on LD_LIBRARY_PATH";
+  using Set = void (*)(unsigned, unsigned, unsigned long long);
+  const auto set = reinterpret_cast<Set>(dlsym(library, "fake_nvml_set"));
+  ASSERT_NE(set, nullptr) << "libnvidia-ml.so.1 here is not this build's fake (tests/fake_nvml.cpp)";
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const unsigned first_mhz = 1500 + rng() % 500, second_mhz = 1000 + rng() % 500;  // the second lower
+  const unsigned first_mw = 200000 + rng() % 100000, second_mw = 600000 + rng() % 100000;
+  constexpr unsigned long long kSoftwarePowerCap = 0x4, kOtherReasons = 0x1 | 0x20;
+
+  set(first_mhz, first_mw, kOtherReasons);
+  {
+    const NvmlDevice device("0000:01:00.0");
+    ASSERT_EQ(device.unavailable_reason(), "");
+    const std::optional<ClockSample> sample = device.sample();
+    ASSERT_TRUE(sample.has_value());
+    EXPECT_EQ(sample->sm_mhz, first_mhz);
+    EXPECT_EQ(sample->milliwatts, first_mw);
+    EXPECT_FALSE(sample->power_capped);  // other reasons than the power cap
+
+    // A region of two phases; start() samples the first, stop() the second, the thread both.
+    ClockSampler sampler(device, 1);
+    sampler.start();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    set(second_mhz, second_mw, kSoftwarePowerCap | kOtherReasons);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const std::optional<ClockReading> reading = sampler.stop();
+    ASSERT_TRUE(reading.has_value());
+    EXPECT_GE(reading->samples, 3);
+    EXPECT_EQ(reading->min_sm_mhz, second_mhz);
+    EXPECT_GE(reading->median_sm_mhz, second_mhz);
+    EXPECT_LE(reading->median_sm_mhz, first_mhz);
+    EXPECT_GE(reading->median_watts, first_mw / 1000.0);
+    EXPECT_LE(reading->median_watts, second_mw / 1000.0);
+    EXPECT_GT(reading->power_capped_share, 0.0);  // the second phase's samples, and only those
+    EXPECT_LT(reading->power_capped_share, 1.0);
+  }
+  dlclose(library);
+}
 
 TEST(ClockSampler, ReadsNothingWhereNvmlHasNoSuchDevice) {
   // No such bus on any machine: without NVML the library is missing, with it the lookup fails.
