@@ -32,7 +32,7 @@ TEST(ClockSummary, TakesTheMedianTheMinimumAndTheCappedShare) {
       mhz.push_back(s.sm_mhz), watts.push_back(s.milliwatts / 1000.0), capped += s.power_capped;
     std::sort(mhz.begin(), mhz.end());
     std::sort(watts.begin(), watts.end());
-    auto middle = [&](const std::vector<double>& v) { return (v[(count - 1) / 2] + v[count / 2]) / 2; };
+    auto middle = [&](const std::vector<double>& v) { return v[count / 2]; };  // the upper of an even count's two
 
     const std::optional<ClockReading> reading = summarize(samples);
     ASSERT_TRUE(reading.has_value());

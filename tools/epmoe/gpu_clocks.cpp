@@ -6,6 +6,8 @@
 #include <chrono>
 #include <type_traits>
 
+#include "median.h"
+
 namespace epmoe::cli {
 
 // The few entry points of NVML's C ABI the sampler calls (nvml.h's names and signatures; its
@@ -42,12 +44,6 @@ std::optional<NvmlDevice::Api> load_api(void* library, std::string& missing) {
   if (api.throttle_reasons == nullptr) resolve(api.throttle_reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
   if (!missing.empty()) return std::nullopt;
   return api;
-}
-
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t middle = values.size() / 2;
-  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
 }
 
 }  // namespace
@@ -101,9 +97,9 @@ std::optional<ClockReading> summarize(const std::vector<ClockSample>& samples) {
     capped += s.power_capped ? 1 : 0;
   }
   ClockReading reading;
-  reading.median_sm_mhz = median_of(mhz);
+  reading.median_sm_mhz = median(mhz);
   reading.min_sm_mhz = *std::min_element(mhz.begin(), mhz.end());
-  reading.median_watts = median_of(watts);
+  reading.median_watts = median(watts);
   reading.power_capped_share = static_cast<double>(capped) / static_cast<double>(samples.size());
   reading.samples = static_cast<int>(samples.size());
   return reading;
@@ -113,8 +109,14 @@ void ClockSampler::take() {
   if (const std::optional<ClockSample> sample = device_.sample()) samples_.push_back(*sample);
 }
 
+void ClockSampler::join() {
+  if (!thread_.joinable()) return;
+  running_ = false;
+  thread_.join();
+}
+
 void ClockSampler::start() {
-  stop();
+  join();
   samples_.clear();
   take();
   running_ = true;
@@ -127,10 +129,9 @@ void ClockSampler::start() {
 }
 
 std::optional<ClockReading> ClockSampler::stop() {
-  if (!thread_.joinable()) return summarize(samples_);
-  running_ = false;
-  thread_.join();
-  take();
+  const bool was_running = thread_.joinable();
+  join();
+  if (was_running) take();
   return summarize(samples_);
 }
 

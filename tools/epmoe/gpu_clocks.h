@@ -59,7 +59,7 @@ class NvmlDevice {
 class ClockSampler {
  public:
   explicit ClockSampler(const NvmlDevice& device, int period_ms = 5) : device_(device), period_ms_(period_ms) {}
-  ~ClockSampler() { stop(); }
+  ~ClockSampler() { join(); }
   ClockSampler(const ClockSampler&) = delete;
   ClockSampler& operator=(const ClockSampler&) = delete;
 
@@ -68,6 +68,7 @@ class ClockSampler {
 
  private:
   void take();
+  void join();  // ends the sampling thread, if one runs
   const NvmlDevice& device_;
   const int period_ms_;
   std::atomic<bool> running_{false};

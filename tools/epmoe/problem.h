@@ -2,13 +2,13 @@
 // `check` and `bench`, and the random case they describe.
 #pragma once
 
-#include <algorithm>
 #include <span>
 #include <vector>
 
 #include "args.h"
 #include "epmoe/moe_case.h"
 #include "epmoe/presets.h"
+#include "median.h"
 
 namespace epmoe::cli {
 
@@ -24,13 +24,6 @@ Result<Problem> read_problem(const Args& args);
 
 // One line: "deepseek-v3: E=256 k=8 H=7168 I=2048 shared I=2048, grouped_topk, fp8_block, ep 1/8"
 std::string describe(const Problem& problem);
-
-// The median of timings (the upper one of the middle two for an even count).
-template <typename T>
-T median(std::vector<T> values) {
-  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
-  return values[values.size() / 2];
-}
 
 // The tolerance of the relative error for a scheme (bf16 1e-2, fp8 3e-2).
 double tolerance_for(QuantScheme scheme);
