@@ -1,6 +1,6 @@
 // epmoe bench --device cuda. Measures the device's two ceilings at start (a 2 GiB
 // device-to-device copy, bytes read + written; an 8192^3 bf16 cuBLAS GEMM on random data,
-// or for fp8 schemes an 8192^3 e4m3 cuBLASLt GEMM), fills rank 0's local experts with random
+// or for fp8 schemes an 8192^3 e4m3 cuBLASLt GEMM, sustained: GemmRate), fills rank 0's local experts with random
 // weights (bf16, or e4m3 codes with their scales) on the device, and for each T times
 // replays of one CUDA graph with CUDA events (queued back to back, so the host's launch cost
 // is not in the figure); the graph holds several calls in a row, rotating over input sets
@@ -20,7 +20,6 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <utility>
 
 #include "bench_cuda.h"
@@ -76,9 +75,22 @@ __global__ void fill_constant(float* data, int64_t count, float value) {
     data[i] = value;
 }
 
+// A GEMM's tensor rate two ways, flop/s, with the clocks each ran at. Burst: 10 runs, each
+// timed alone after a warm-up, the card at its boost clock. Sustained: blocks of back-to-back
+// runs after kSustainMs of them, the card at its power limit, as the layer's timed replays
+// run (a few hundred ms back to back at large T): DESIGN.md's ceiling and the floor's. (On an
+// H100 the bench's T=16384 layers ran at 1440-1550 MHz while a burst GEMM ran at 1980;
+// docs/KERNELS.md, thirtieth session.)
+struct GemmRate {
+  double burst = 0, sustained = 0;
+  std::optional<ClockReading> burst_clocks, sustained_clocks;
+};
+
 struct DeviceCeilings {
-  double bytes_per_second = 0, flops_per_second = 0;
-  std::optional<ClockReading> rate_clocks;  // while the GEMM that set flops_per_second ran
+  double bytes_per_second = 0;
+  GemmRate bf16;
+  std::optional<GemmRate> e4m3;  // fp8 schemes: the floor's rate
+  const GemmRate& floor_rate() const { return e4m3 ? *e4m3 : bf16; }
 };
 
 // The median time in ms of `repeats` runs of work(i) on the default stream, by CUDA events;
@@ -103,6 +115,32 @@ Result<float> median_ms(int repeats, Work work) {
   if (stop) cudaEventDestroy(stop);
   if (error != cudaSuccess) return Status::io_error(std::string("timing a ceiling: ") + cudaGetErrorString(error));
   return median(times);
+}
+
+// gemm(i) queues one run of `flops` on the default stream (its own errors it keeps for the
+// caller to check).
+template <typename Gemm>
+Result<GemmRate> measure_gemm_rate(double flops, ClockSampler& sampler, Gemm gemm) {
+  constexpr double kSustainMs = 200, kBlockMs = 10;
+  constexpr int kSamples = 10;
+  GemmRate rate;
+  for (int i = 0; i < 3; ++i) gemm(i);
+  sampler.start();
+  const Result<float> burst_ms = median_ms(kSamples, gemm);
+  rate.burst_clocks = sampler.stop();
+  if (!burst_ms.ok()) return burst_ms.status();
+  if (!(burst_ms.value() > 0)) return Status::io_error("a ceiling's GEMM took no time");
+  for (int i = 0; i < static_cast<int>(std::ceil(kSustainMs / burst_ms.value())); ++i) gemm(i);
+  const int runs_per_block = std::max(1, static_cast<int>(std::ceil(kBlockMs / burst_ms.value())));
+  sampler.start();
+  const Result<float> block_ms = median_ms(kSamples, [&](int) {
+    for (int i = 0; i < runs_per_block; ++i) gemm(i);
+  });
+  rate.sustained_clocks = sampler.stop();
+  if (!block_ms.ok()) return block_ms.status();
+  rate.burst = flops / (burst_ms.value() * 1e-3);
+  rate.sustained = flops * runs_per_block / (block_ms.value() * 1e-3);
+  return rate;
 }
 
 Result<DeviceCeilings> measure_ceilings(ClockSampler& sampler) {
@@ -135,20 +173,17 @@ Result<DeviceCeilings> measure_ceilings(ClockSampler& sampler) {
                                b->data(), CUDA_R_16BF, kN, &beta, c->data(), CUDA_R_16BF, kN, CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT);
   };
-  for (int i = 0; i < 3; ++i) gemm(i);
-  sampler.start();
-  const Result<float> gemm_ms = median_ms(10, gemm);
-  ceilings.rate_clocks = sampler.stop();
+  Result<GemmRate> rate = measure_gemm_rate(2.0 * kN * kN * double{kN}, sampler, gemm);
   cublasDestroy(handle);
   if (gemm_status != CUBLAS_STATUS_SUCCESS) return Status::io_error("cublasGemmEx failed");
-  if (!gemm_ms.ok()) return gemm_ms.status();
-  ceilings.flops_per_second = 2.0 * kN * kN * double{kN} / (gemm_ms.value() * 1e-3);
+  if (!rate.ok()) return rate.status();
+  ceilings.bf16 = rate.value();
   return ceilings;
 }
 
 // The e4m3 tensor rate: an 8192^3 cuBLASLt GEMM (A^T B, both K-major e4m3, f32 accumulate,
-// bf16 out) on random codes, and the clocks it ran at.
-Result<std::pair<double, std::optional<ClockReading>>> measure_fp8_flops(ClockSampler& sampler) {
+// bf16 out) on random codes.
+Result<GemmRate> measure_fp8_rate(ClockSampler& sampler) {
   constexpr int kN = 8192;
   constexpr size_t kWorkspaceBytes = size_t{32} << 20;
   Result<DeviceBuffer> a = DeviceBuffer::allocate(size_t{kN} * kN), b = DeviceBuffer::allocate(size_t{kN} * kN),
@@ -175,18 +210,14 @@ Result<std::pair<double, std::optional<ClockReading>>> measure_fp8_flops(ClockSa
     status = cublasLtMatmul(handle, operation, &alpha, a->data(), a_layout, b->data(), b_layout, &beta, c->data(),
                             c_layout, c->data(), c_layout, nullptr, workspace->data(), kWorkspaceBytes, nullptr);
   };
-  for (int i = 0; i < 3; ++i) gemm(i);
-  sampler.start();
-  const Result<float> gemm_ms = median_ms(10, gemm);
-  const std::optional<ClockReading> clocks = sampler.stop();
+  const Result<GemmRate> rate = measure_gemm_rate(2.0 * kN * kN * double{kN}, sampler, gemm);
   for (cublasLtMatrixLayout_t layout : {a_layout, b_layout, c_layout})
     if (layout) cublasLtMatrixLayoutDestroy(layout);
   if (operation) cublasLtMatmulDescDestroy(operation);
   if (handle) cublasLtDestroy(handle);
   if (status != CUBLAS_STATUS_SUCCESS)
     return Status::io_error("cuBLASLt e4m3 GEMM failed with status " + std::to_string(static_cast<int>(status)));
-  if (!gemm_ms.ok()) return gemm_ms.status();
-  return std::pair{2.0 * kN * kN * double{kN} / (gemm_ms.value() * 1e-3), clocks};
+  return rate;
 }
 
 // " at 1980 MHz, 690 W, power-capped 40%" (medians), or nothing without a reading.
@@ -196,6 +227,13 @@ std::string describe_clocks(const std::optional<ClockReading>& clocks) {
   std::snprintf(text, sizeof(text), " at %.0f MHz, %.0f W, power-capped %.0f%%", clocks->median_sm_mhz,
                 clocks->median_watts, 100 * clocks->power_capped_share);
   return text;
+}
+
+// "bf16 GEMM 640 TFLOP/s sustained at ... (burst 807 at ...)"
+std::string describe_rate(const char* name, const GemmRate& rate) {
+  return std::string(name) + " GEMM " + std::to_string(std::lround(rate.sustained / 1e12)) + " TFLOP/s sustained" +
+         describe_clocks(rate.sustained_clocks) + " (burst " + std::to_string(std::lround(rate.burst / 1e12)) +
+         describe_clocks(rate.burst_clocks) + ")";
 }
 
 nlohmann::json clocks_json(const std::optional<ClockReading>& clocks) {
@@ -229,13 +267,12 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
   ClockSampler sampler(nvml);
   Result<DeviceCeilings> ceilings = measure_ceilings(sampler);
   if (!ceilings.ok()) return usage_error("bench", ceilings.status().to_string());
-  const double bf16_flops_per_second = ceilings->flops_per_second;
-  const std::optional<ClockReading> bf16_clocks = ceilings->rate_clocks;
   if (fp8) {  // the floor of an fp8 layer is set by the fp8 tensor rate
-    const auto fp8_rate = measure_fp8_flops(sampler);
+    Result<GemmRate> fp8_rate = measure_fp8_rate(sampler);
     if (!fp8_rate.ok()) return usage_error("bench", fp8_rate.status().to_string());
-    std::tie(ceilings->flops_per_second, ceilings->rate_clocks) = fp8_rate.value();
+    ceilings->e4m3 = fp8_rate.value();
   }
+  const double flops_per_second = ceilings->floor_rate().sustained;
 
   const int E = base.spec.routing.num_experts;
   const ExpertMap owned = ExpertMap::build(base.placement, E, base.num_ranks, 0).value();
@@ -320,11 +357,9 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
   std::printf("bench %s, rank 0's share, %s (%d SMs, %d MB L2), %d weight cop%s of %.2f GiB\n",
               describe(problem).c_str(), properties.name, properties.multiProcessorCount,
               properties.l2CacheSize >> 20, copies, copies == 1 ? "y" : "ies", weight_bytes / (1 << 30));
-  std::printf("ceilings: copy %.2f TB/s, bf16 GEMM %.0f TFLOP/s%s", ceilings->bytes_per_second / 1e12,
-              bf16_flops_per_second / 1e12, describe_clocks(bf16_clocks).c_str());
-  if (fp8)
-    std::printf(", e4m3 GEMM %.0f TFLOP/s%s (the floor's)", ceilings->flops_per_second / 1e12,
-                describe_clocks(ceilings->rate_clocks).c_str());
+  std::printf("ceilings: copy %.2f TB/s, %s", ceilings->bytes_per_second / 1e12,
+              describe_rate("bf16", ceilings->bf16).c_str());
+  if (fp8) std::printf(", %s (the floor's)", describe_rate("e4m3", *ceilings->e4m3).c_str());
   std::printf("\n");
   if (!nvml.unavailable_reason().empty()) std::printf("clocks: not read (%s)\n", nvml.unavailable_reason().c_str());
   std::printf("%7s %8s %8s %11s %8s %9s %11s %7s %6s %7s %5s %5s\n", "T", "pairs", "experts", "time us", "TB/s",
@@ -424,11 +459,12 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     for (const auto& [exec, count] : graphs) cudaGraphExecDestroy(exec);
     cudaStreamDestroy(stream);
     // The floor and the work of one call: their means over the rotation.
-    double floor_sum = 0;
+    double floor_sum = 0, burst_floor_sum = 0;  // (burst: the same at the GEMM's burst rate)
     Workload mean;
     for (int r = 0; r < rotation; ++r) {
       const Workload& w = workloads[r % kInputSets];
-      floor_sum += std::max(w.bytes / ceilings->bytes_per_second, w.flops / ceilings->flops_per_second);
+      floor_sum += std::max(w.bytes / ceilings->bytes_per_second, w.flops / flops_per_second);
+      burst_floor_sum += std::max(w.bytes / ceilings->bytes_per_second, w.flops / ceilings->floor_rate().burst);
       mean.local_pairs += w.local_pairs;
       mean.experts_touched += w.experts_touched;
       mean.bytes += w.bytes;
@@ -437,7 +473,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     const double seconds = median(times) * 1e-3;
     const double floor_seconds = floor_sum / rotation;
     const double bytes = mean.bytes / rotation, flops = mean.flops / rotation;
-    const bool bandwidth_bound = bytes / ceilings->bytes_per_second >= flops / ceilings->flops_per_second;
+    const bool bandwidth_bound = bytes / ceilings->bytes_per_second >= flops / flops_per_second;
     std::printf("%7lld %8lld %8lld %11.1f %8.2f %9.1f %11.1f %7.2f %6s", static_cast<long long>(T),
                 static_cast<long long>(mean.local_pairs / rotation),
                 static_cast<long long>(mean.experts_touched / rotation), seconds * 1e6, bytes / seconds / 1e12,
@@ -457,6 +493,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
                        {"flops", flops},
                        {"floor_seconds", floor_seconds},
                        {"ratio", seconds / floor_seconds},
+                       {"burst_floor_seconds", burst_floor_sum / rotation},
                        {"bound", bandwidth_bound ? "memory" : "math"},
                        {"calls_per_graph", calls},
                        {"replays", replays},
@@ -470,10 +507,14 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
                                      {"quant", std::string(quant_scheme_name(quant.scheme))},
                                      {"ceilings",
                                       {{"bytes_per_second", ceilings->bytes_per_second},
-                                       {"flops_per_second", ceilings->flops_per_second},
-                                       {"bf16_flops_per_second", bf16_flops_per_second},
-                                       {"rate_clocks", clocks_json(ceilings->rate_clocks)},
-                                       {"bf16_rate_clocks", clocks_json(bf16_clocks)}}},
+                                       {"flops_per_second", flops_per_second},
+                                       {"burst_flops_per_second", ceilings->floor_rate().burst},
+                                       {"bf16_flops_per_second", ceilings->bf16.sustained},
+                                       {"bf16_burst_flops_per_second", ceilings->bf16.burst},
+                                       {"rate_clocks", clocks_json(ceilings->floor_rate().sustained_clocks)},
+                                       {"burst_rate_clocks", clocks_json(ceilings->floor_rate().burst_clocks)},
+                                       {"bf16_rate_clocks", clocks_json(ceilings->bf16.sustained_clocks)},
+                                       {"bf16_burst_rate_clocks", clocks_json(ceilings->bf16.burst_clocks)}}},
                                      {"results", results}};
     std::ofstream file(json_path);
     file << document.dump(2) << "\n";
