@@ -21,19 +21,19 @@ namespace {
 
 constexpr int64_t kRows = 37;
 
-// Rows of normal values scaled by 10^[-3, 3]; row 3 is zeros, row 5 huge (near bf16's
+// `rows` rows of normal values scaled by 10^[-3, 3]; row 3 is zeros, row 5 huge (near bf16's
 // largest), and, when asked, one NaN in row 7.
-std::vector<uint16_t> random_rows(int64_t cols, bool with_nan, uint64_t seed) {
+std::vector<uint16_t> random_rows(int64_t rows, int64_t cols, bool with_nan, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal;
   std::uniform_real_distribution<float> exponent(-3.0f, 3.0f);
-  std::vector<uint16_t> rows(kRows * cols);
-  for (int64_t r = 0; r < kRows; ++r) {
+  std::vector<uint16_t> values(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
     const float magnitude = r == 5 ? 1e37f : std::pow(10.0f, exponent(rng));
-    for (int64_t c = 0; c < cols; ++c) rows[r * cols + c] = f32_to_bf16(r == 3 ? 0.0f : normal(rng) * magnitude);
+    for (int64_t c = 0; c < cols; ++c) values[r * cols + c] = f32_to_bf16(r == 3 ? 0.0f : normal(rng) * magnitude);
   }
-  if (with_nan) rows[7 * cols + cols / 3] = f32_to_bf16(NAN);
-  return rows;
+  if (with_nan) values[7 * cols + cols / 3] = f32_to_bf16(NAN);
+  return values;
 }
 
 struct Quantized {
@@ -42,10 +42,11 @@ struct Quantized {
 };
 
 // group > 0: per row and group (group = cols: per row); 0: per tensor (static_scale when
-// not NaN). slot_of_pair (kRows x top_k, when not empty): only the rows with a slot there.
+// not NaN). slot_of_pair (rows x top_k, when not empty): only the rows with a slot there.
 Quantized on_gpu(const std::vector<uint16_t>& values, int64_t cols, int64_t group, float static_scale,
                  const std::vector<int32_t>& slot_of_pair = {}, int top_k = 0) {
-  const int64_t scale_count = group > 0 ? kRows * ((cols + group - 1) / group) : 1;
+  const int64_t rows = static_cast<int64_t>(values.size()) / cols;
+  const int64_t scale_count = group > 0 ? rows * ((cols + group - 1) / group) : 1;
   DeviceBuffer d_values = DeviceBuffer::allocate(values.size() * 2).value();
   DeviceBuffer d_codes = DeviceBuffer::allocate(values.size()).value();
   DeviceBuffer d_scales = DeviceBuffer::allocate(scale_count * 4 + 8).value();
@@ -57,8 +58,8 @@ Quantized on_gpu(const std::vector<uint16_t>& values, int64_t cols, int64_t grou
   uint32_t* amax_bits = reinterpret_cast<uint32_t*>(scales + scale_count + 1);
   if (!std::isnan(static_scale))
     EXPECT_EQ(cudaMemcpy(given, &static_scale, 4, cudaMemcpyHostToDevice), cudaSuccess);
-  cuda::Fp8Quantize q{static_cast<const uint16_t*>(d_values.data()), static_cast<uint8_t*>(d_codes.data()), scales,
-                      kRows, cols, cols};
+  cuda::Fp8Quantize q{
+      static_cast<const uint16_t*>(d_values.data()), static_cast<uint8_t*>(d_codes.data()), scales, rows, cols, cols};
   q.granularity = group == 0      ? cuda::Fp8Granularity::kPerTensor
                   : group == cols ? cuda::Fp8Granularity::kPerRow
                                   : cuda::Fp8Granularity::kPerGroup;
@@ -81,9 +82,10 @@ Quantized on_gpu(const std::vector<uint16_t>& values, int64_t cols, int64_t grou
 }
 
 Quantized on_cpu(const std::vector<uint16_t>& values, int64_t cols, int64_t group, float static_scale) {
+  const int64_t rows = static_cast<int64_t>(values.size()) / cols;
   std::vector<float> f32(values.size());
   for (size_t i = 0; i < values.size(); ++i) f32[i] = bf16_to_f32(values[i]);
-  const Fp8Blocks blocks{kRows, cols, group > 0 ? 1 : kRows, group > 0 ? group : cols};
+  const Fp8Blocks blocks{rows, cols, group > 0 ? 1 : rows, group > 0 ? group : cols};
   Quantized out{std::vector<uint8_t>(values.size()), std::vector<float>(blocks.scale_rows() * blocks.scale_cols())};
   if (std::isnan(static_scale)) {
     quantize_fp8_blocks(f32.data(), blocks, out.codes.data(), out.scales.data());
@@ -112,7 +114,7 @@ void expect_identical(const Quantized& gpu, const Quantized& cpu) {
 
 struct QuantCase {
   const char* name;
-  int64_t cols, group;  // group 0: per tensor
+  int64_t rows, cols, group;  // group 0: per tensor
   bool with_nan;
   float static_scale;   // NaN: dynamic
 };
@@ -123,7 +125,7 @@ TEST_P(GpuQuantizer, SameCodesAndScalesAsTheCpu) {
   const QuantCase& c = GetParam();
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  const std::vector<uint16_t> values = random_rows(c.cols, c.with_nan, seed);
+  const std::vector<uint16_t> values = random_rows(c.rows, c.cols, c.with_nan, seed);
   const Quantized cpu = on_cpu(values, c.cols, c.group, c.static_scale);
   expect_identical(on_gpu(values, c.cols, c.group, c.static_scale), cpu);
   if (c.group > 0) {
@@ -141,10 +143,11 @@ TEST(GpuQuantizerRows, QuantisesOnlyTheRowsALocalPairReads) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   constexpr int kTopK = 8;
-  std::vector<int32_t> slot_of_pair(kRows * kTopK, -1);
-  std::vector<bool> read(kRows, false);
+  constexpr int64_t kFilteredRows = 3001;  // per group: several units a warp (7168 columns)
+  std::vector<int32_t> slot_of_pair(kFilteredRows * kTopK, -1);
+  std::vector<bool> read(kFilteredRows, false);
   int32_t next_slot = 0;
-  for (int64_t r = 0; r < kRows; ++r)
+  for (int64_t r = 0; r < kFilteredRows; ++r)
     for (int j = 0; j < kTopK; ++j)
       if (rng() % 12 == 0) slot_of_pair[r * kTopK + j] = next_slot++, read[r] = true;
   read[0] = true, slot_of_pair[kTopK - 1] = next_slot++;         // a row read through its last pair only
@@ -152,12 +155,12 @@ TEST(GpuQuantizerRows, QuantisesOnlyTheRowsALocalPairReads) {
   read[1] = false;
   for (const auto& [cols, group] : {std::pair<int64_t, int64_t>{7168, 128}, {1000, 128}, {2048, 2048}}) {
     SCOPED_TRACE("cols " + std::to_string(cols) + " group " + std::to_string(group));
-    const std::vector<uint16_t> values = random_rows(cols, true, seed);
+    const std::vector<uint16_t> values = random_rows(kFilteredRows, cols, true, seed);
     const Quantized cpu = on_cpu(values, cols, group, NAN);
     const Quantized gpu = on_gpu(values, cols, group, NAN, slot_of_pair, kTopK);
     const int64_t scales_per_row = (cols + group - 1) / group;
     size_t wrong = 0;
-    for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t r = 0; r < kFilteredRows; ++r) {
       for (int64_t c = 0; c < cols; ++c)
         wrong += gpu.codes[r * cols + c] != (read[r] ? cpu.codes[r * cols + c] : uint8_t{0x55});
       for (int64_t g = 0; g < scales_per_row; ++g) {
@@ -179,15 +182,20 @@ TEST(GpuQuantizerRows, RefusesARowFilterForAPerTensorAmax) {
   EXPECT_EQ(cuda::launch_quantize_fp8(q, nullptr), cudaErrorInvalidValue);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Schemes, GpuQuantizer,
-    ::testing::Values(QuantCase{"per_token_7168", 7168, 7168, false, NAN}, QuantCase{"per_token_nan", 2048, 2048, true, NAN},
-                      QuantCase{"per_group_128", 7168, 128, false, NAN}, QuantCase{"per_group_nan", 1536, 128, true, NAN},
-                      QuantCase{"per_group_ragged", 1000, 128, true, NAN}, QuantCase{"per_tensor", 4096, 0, false, NAN},
-                      QuantCase{"per_tensor_nan", 4096, 0, true, NAN},
-                      // a static scale small enough that the huge row and many others saturate
-                      QuantCase{"per_tensor_static_saturating", 4096, 0, false, 0.01f}),
-    [](const auto& info) { return std::string(info.param.name); });
+// (per_group_many_rows: more units of four groups than the warps the GPU holds at once, so
+// that each warp of the per-group kernel walks several.)
+INSTANTIATE_TEST_SUITE_P(Schemes, GpuQuantizer,
+                         ::testing::Values(QuantCase{"per_token_7168", kRows, 7168, 7168, false, NAN},
+                                           QuantCase{"per_token_nan", kRows, 2048, 2048, true, NAN},
+                                           QuantCase{"per_group_128", kRows, 7168, 128, false, NAN},
+                                           QuantCase{"per_group_nan", kRows, 1536, 128, true, NAN},
+                                           QuantCase{"per_group_ragged", kRows, 1000, 128, true, NAN},
+                                           QuantCase{"per_group_many_rows", 5003, 7168, 128, true, NAN},
+                                           QuantCase{"per_tensor", kRows, 4096, 0, false, NAN},
+                                           QuantCase{"per_tensor_nan", kRows, 4096, 0, true, NAN},
+                                           // a static scale small enough that the huge row and many others saturate
+                                           QuantCase{"per_tensor_static_saturating", kRows, 4096, 0, false, 0.01f}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace epmoe

@@ -12,6 +12,7 @@
 // Bound by reading the values (the two-pass kernels read them twice, the second time from
 // L1/L2). The kernels are chained launches (launch.cuh) like the rest of the pipeline.
 #include <algorithm>
+#include <utility>
 
 #include "fp8_codes.cuh"
 #include "launch.cuh"
@@ -45,12 +46,8 @@ struct RowPlace {
   bool used;
 };
 
-__device__ RowPlace place_of(const Fp8Quantize& q, int64_t row) {
-  if (q.slot_of_pair) {  // (every thread reads the same top_k slots: one line)
-    bool read = false;
-    for (int j = 0; j < q.top_k; ++j) read |= q.slot_of_pair[row * q.top_k + j] >= 0;
-    if (!read) return {0, 0, false};
-  }
+// (Rows a local pair reads: checked by the caller, place_of.)
+__device__ RowPlace place_in_groups(const Fp8Quantize& q, int64_t row) {
   const RowGroups& g = q.row_groups;
   if (!g.offsets) return {-1, q.cols, true};
   if (row >= g.offsets[g.count]) return {0, 0, false};
@@ -63,56 +60,84 @@ __device__ RowPlace place_of(const Fp8Quantize& q, int64_t row) {
   return {low, low == g.shared_group ? g.shared_cols : q.cols, true};
 }
 
-// Per group: a block takes kGroupsPerBlock groups of a row, a warp four of them. Where each
+__device__ RowPlace place_of(const Fp8Quantize& q, int64_t row) {
+  if (q.slot_of_pair) {  // (every thread reads the same top_k slots: one line)
+    bool read = false;
+    for (int j = 0; j < q.top_k; ++j) read |= q.slot_of_pair[row * q.top_k + j] >= 0;
+    if (!read) return {0, 0, false};
+  }
+  return place_in_groups(q, row);
+}
+
+// Per group: a warp takes kGroupsPerWarp groups of a row (a unit), and the warps of a grid
+// that the GPU holds at once walk the units, a row's units on neighbouring warps. Where each
 // group fits sixteen lanes at eight values apiece (groups of at most 128, widths and rows
 // 8-aligned: every GPU fp8_block row) a half-warp loads its two groups at once, 16 bytes a
 // lane, and quantises them from the registers; else the warp takes its groups one by one in
 // two passes (quantize_span). (A warp a group with one load at a time left the kernel bound by
 // latency: 329 us for deepseek-v3's x at 16k tokens, 352 MB, ~90 us of HBM. Four groups a
 // warp at 8 bytes a lane: 193 us on an H100, ~60% of its copy rate; two a half-warp, with
-// the division by the reciprocal: 170 us, 69%. docs/KERNELS.md, twenty-fourth and -fifth sessions.)
+// the division by the reciprocal: 170 us, 69%. docs/KERNELS.md, twenty-fourth and -fifth
+// sessions. A block a row and 32 groups, each block's few loads between its launch and its
+// exit, ran at ~200 blocks a microsecond whatever a block moved: 166 / 79 / 67 us for
+// deepseek-v3 / qwen3-235b-a22b / qwen3-30b-a3b at 16k tokens on the H200, 2-4x the bytes'
+// time; twenty-seventh session. On the resident grid, H100: qwen3-30b-a3b 68 -> 44 us,
+// deepseek-v3 170 -> 164, about its bytes' time there; twenty-eighth session.)
 constexpr int kGroupsPerHalfWarp = 2;
 constexpr int kGroupsPerWarp = 2 * kGroupsPerHalfWarp;
-constexpr int kGroupsPerBlock = kWarpsPerBlock * kGroupsPerWarp;
 
 __global__ void quantize_groups_kernel(Fp8Quantize q) {
   allow_successor();
   wait_for_predecessor();
-  const int64_t block = blockIdx.x + int64_t{gridDim.x} * blockIdx.y;
-  for (int64_t i = block * kThreads + threadIdx.x; i < q.zero_count; i += int64_t{gridDim.x} * gridDim.y * kThreads)
-    q.zero[i] = 0;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x;
-  const RowPlace place = place_of(q, row);
-  if (!place.used) return;
-  const int64_t first_group = (blockIdx.y * static_cast<int64_t>(kWarpsPerBlock) + warp) * kGroupsPerWarp;
+  const int64_t threads = int64_t{gridDim.x} * kThreads;
+  for (int64_t i = blockIdx.x * kThreads + threadIdx.x; i < q.zero_count; i += threads) q.zero[i] = 0;
+  const int lane = threadIdx.x % 32;
   const int64_t scales_per_row = (q.stride + q.group - 1) / q.group;
-  auto group_begin = [&](int j) { return row * q.stride + (first_group + j) * q.group; };
-  auto group_width = [&](int j) { return min(q.group, place.width - (first_group + j) * q.group); };  // <= 0: none
-  const bool held = q.group <= 128 && q.group % 8 == 0 && q.stride % 8 == 0 && place.width % 8 == 0 &&
-                    reinterpret_cast<uintptr_t>(q.values) % 16 == 0 && reinterpret_cast<uintptr_t>(q.codes) % 8 == 0;
-  if (held) {
-    const int half = lane / 16, half_lane = lane % 16;
-    auto half_group = [&](int j) { return half * kGroupsPerHalfWarp + j; };  // of the warp's
-    uint4 octets[kGroupsPerHalfWarp];
+  const int64_t units_per_row = (scales_per_row + kGroupsPerWarp - 1) / kGroupsPerWarp;
+  const int64_t units = q.rows * units_per_row, warps = threads / 32;
+  // Whether a local pair reads a unit's row: lane j < top_k holds pair j's slot, loaded a unit
+  // ahead, so that the wait for it falls behind this unit's loads.
+  auto pair_slot = [&](int64_t unit) {
+    const bool held = q.slot_of_pair && unit < units && lane < q.top_k;
+    return held ? q.slot_of_pair[unit / units_per_row * q.top_k + lane] : -1;
+  };
+  const int64_t first_unit = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
+  int32_t slot = pair_slot(first_unit);
+  for (int64_t unit = first_unit; unit < units; unit += warps) {
+    const int64_t row = unit / units_per_row, first_group = unit % units_per_row * kGroupsPerWarp;
+    const bool read = !q.slot_of_pair || __any_sync(0xffffffffu, slot >= 0);
+    slot = pair_slot(unit + warps);
+    if (!read) continue;
+    const RowPlace place = place_in_groups(q, row);
+    if (!place.used) continue;
+    auto group_begin = [&](int j) { return row * q.stride + (first_group + j) * q.group; };
+    auto group_width = [&](int j) { return min(q.group, place.width - (first_group + j) * q.group); };  // <= 0: none
+    const bool held = q.group <= 128 && q.group % 8 == 0 && q.stride % 8 == 0 && place.width % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(q.values) % 16 == 0 && reinterpret_cast<uintptr_t>(q.codes) % 8 == 0;
+    if (held) {
+      const int half = lane / 16, half_lane = lane % 16;
+      auto half_group = [&](int j) { return half * kGroupsPerHalfWarp + j; };  // of the warp's
+      uint4 octets[kGroupsPerHalfWarp];
 #pragma unroll
-    for (int j = 0; j < kGroupsPerHalfWarp; ++j)
-      octets[j] = 8 * half_lane < group_width(half_group(j))
-                      ? __ldcg(reinterpret_cast<const uint4*>(q.values + group_begin(half_group(j))) + half_lane)
-                      : make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < kGroupsPerHalfWarp; ++j)
+        octets[j] = 8 * half_lane < group_width(half_group(j))
+                        ? __ldcg(reinterpret_cast<const uint4*>(q.values + group_begin(half_group(j))) + half_lane)
+                        : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int j = 0; j < kGroupsPerHalfWarp; ++j) {  // every lane, for the shuffles; a group past the row stores nothing
-      const int g = half_group(j);
-      const uint2 quads[2] = {make_uint2(octets[j].x, octets[j].y), make_uint2(octets[j].z, octets[j].w)};
-      const float scale =
-          quantize_held(quads, 8 * half_lane < group_width(g), nullptr, q.codes + group_begin(g), half_lane);
-      if (half_lane == 0 && group_width(g) > 0) q.scales[row * scales_per_row + first_group + g] = scale;
+      for (int j = 0; j < kGroupsPerHalfWarp; ++j) {
+        // (every lane, for the shuffles; a group past the row stores nothing)
+        const int g = half_group(j);
+        const uint2 quads[2] = {make_uint2(octets[j].x, octets[j].y), make_uint2(octets[j].z, octets[j].w)};
+        const float scale =
+            quantize_held(quads, 8 * half_lane < group_width(g), nullptr, q.codes + group_begin(g), half_lane);
+        if (half_lane == 0 && group_width(g) > 0) q.scales[row * scales_per_row + first_group + g] = scale;
+      }
+      continue;
     }
-    return;
-  }
-  for (int j = 0; j < kGroupsPerWarp && group_width(j) > 0; ++j) {
-    const float scale = quantize_span(q.values + group_begin(j), q.codes + group_begin(j), group_width(j), lane);
-    if (lane == 0) q.scales[row * scales_per_row + first_group + j] = scale;
+    for (int j = 0; j < kGroupsPerWarp && group_width(j) > 0; ++j) {
+      const float scale = quantize_span(q.values + group_begin(j), q.codes + group_begin(j), group_width(j), lane);
+      if (lane == 0) q.scales[row * scales_per_row + first_group + j] = scale;
+    }
   }
 }
 
@@ -163,7 +188,8 @@ __global__ void tensor_codes_kernel(Fp8Quantize q) {
 cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream, Start start) {
   if (q.zero_count > 0 && q.granularity != Fp8Granularity::kPerGroup) return cudaErrorInvalidValue;
   // Rows left alone would change a per-tensor amax; row groups have no tokens.
-  if (q.slot_of_pair && (q.granularity == Fp8Granularity::kPerTensor || q.top_k < 1 || q.row_groups.offsets))
+  if (q.slot_of_pair &&
+      (q.granularity == Fp8Granularity::kPerTensor || q.top_k < 1 || q.top_k > kMaxTopK || q.row_groups.offsets))
     return cudaErrorInvalidValue;
   if (q.rows == 0) return cudaSuccess;
   static const cudaError_t carveout =
@@ -172,9 +198,19 @@ cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream, Start
   const unsigned rows = static_cast<unsigned>(q.rows);
   switch (q.granularity) {
     case Fp8Granularity::kPerGroup: {
-      const int64_t groups_per_row = (q.stride + q.group - 1) / q.group;
-      const dim3 grid(rows, static_cast<unsigned>((groups_per_row + kGroupsPerBlock - 1) / kGroupsPerBlock));
-      return launch_kernel(start, quantize_groups_kernel, grid, dim3(kThreads), 0, stream, q);
+      // As many blocks as the GPU holds at once, at most a warp a unit.
+      static const std::pair<cudaError_t, int> resident = [] {
+        int per_multiprocessor = 0;
+        const cudaError_t error =
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, quantize_groups_kernel, kThreads, 0);
+        return std::pair{error, per_multiprocessor * multiprocessor_count()};
+      }();
+      if (resident.first != cudaSuccess) return resident.first;
+      const int64_t units_per_row = ((q.stride + q.group - 1) / q.group + kGroupsPerWarp - 1) / kGroupsPerWarp;
+      const int64_t units = q.rows * units_per_row;
+      const int64_t blocks = std::clamp<int64_t>((units + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, resident.second);
+      return launch_kernel(start, quantize_groups_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
+                           stream, q);
     }
     case Fp8Granularity::kPerRow:
       return launch_kernel(start, quantize_rows_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
