@@ -183,7 +183,8 @@ TEST(GpuQuantizerRows, RefusesARowFilterForAPerTensorAmax) {
 }
 
 // (per_group_many_rows: more units of four groups than the warps the GPU holds at once, so
-// that each warp of the per-group kernel walks several.)
+// that each warp of the per-group kernel walks several; per_token_many_rows: many blocks of
+// the row kernel.)
 INSTANTIATE_TEST_SUITE_P(Schemes, GpuQuantizer,
                          ::testing::Values(QuantCase{"per_token_7168", kRows, 7168, 7168, false, NAN},
                                            QuantCase{"per_token_nan", kRows, 2048, 2048, true, NAN},
@@ -194,7 +195,13 @@ INSTANTIATE_TEST_SUITE_P(Schemes, GpuQuantizer,
                                            QuantCase{"per_tensor", kRows, 4096, 0, false, NAN},
                                            QuantCase{"per_tensor_nan", kRows, 4096, 0, true, NAN},
                                            // a static scale small enough that the huge row and many others saturate
-                                           QuantCase{"per_tensor_static_saturating", kRows, 4096, 0, false, 0.01f}),
+                                           QuantCase{"per_tensor_static_saturating", kRows, 4096, 0, false, 0.01f},
+                                           // widths of no whole number of quads: the row and tensor kernels'
+                                           // warps read them a value at a time (rows start misaligned)
+                                           QuantCase{"per_token_ragged", kRows, 1001, 1001, true, NAN},
+                                           QuantCase{"per_token_many_rows", 5003, 2048, 2048, true, NAN},
+                                           QuantCase{"per_tensor_ragged", kRows, 1001, 0, false, NAN},
+                                           QuantCase{"per_tensor_static_ragged", kRows, 1001, 0, true, 0.02f}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

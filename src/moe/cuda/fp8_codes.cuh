@@ -101,16 +101,25 @@ __device__ void for_each_value(const uint16_t* values, int64_t width, bool quads
   }
 }
 
-// One warp quantises values[0, width) with the scale of their amax. Two reads of the span
-// (amax, then codes; the second from L2). Returns the scale.
-__device__ inline float quantize_span(const uint16_t* values, uint8_t* codes, int64_t width, int lane) {
-  const bool quads = width % 4 == 0 && reinterpret_cast<uintptr_t>(values) % 8 == 0 &&
-                     reinterpret_cast<uintptr_t>(codes) % 4 == 0;
+// Whether a warp's span goes by quads of values (for_each_value): widths of whole quads,
+// values and codes aligned to them.
+__device__ inline bool span_in_quads(const uint16_t* values, const uint8_t* codes, int64_t width) {
+  return width % 4 == 0 && reinterpret_cast<uintptr_t>(values) % 8 == 0 && reinterpret_cast<uintptr_t>(codes) % 4 == 0;
+}
+
+// The amax bits of values[0, width), read by one warp (every lane gets it).
+__device__ inline uint32_t span_amax_bits(const uint16_t* values, int64_t width, bool quads, int lane) {
   uint32_t amax = 0;
   for_each_value(values, width, quads, lane, [&](int64_t, const float (&v)[4], int n) {
     for (int j = 0; j < n; ++j) amax = max(amax, magnitude_bits(v[j]));
   });
-  const AmaxScale scale(warp_max_bits(amax));
+  return warp_max_bits(amax);
+}
+
+// One warp writes the codes of values[0, width) under `scale`.
+template <typename Scale>
+__device__ inline void encode_span(const uint16_t* values, uint8_t* codes, int64_t width, bool quads, int lane,
+                                   const Scale& scale) {
   for_each_value(values, width, quads, lane, [&](int64_t i, const float (&v)[4], int n) {
     if (n == 4) {  // i % 4 == 0 and codes 4-byte aligned
       *reinterpret_cast<uint32_t*>(codes + i) = encode_e4m3x4(v, scale);
@@ -118,6 +127,14 @@ __device__ inline float quantize_span(const uint16_t* values, uint8_t* codes, in
       codes[i] = encode_e4m3(v[0], scale);
     }
   });
+}
+
+// One warp quantises values[0, width) with the scale of their amax. Two reads of the span
+// (amax, then codes; the second from L2). Returns the scale.
+__device__ inline float quantize_span(const uint16_t* values, uint8_t* codes, int64_t width, int lane) {
+  const bool quads = span_in_quads(values, codes, width);
+  const AmaxScale scale(span_amax_bits(values, width, quads, lane));
+  encode_span(values, codes, width, quads, lane, scale);
   return scale.scale;
 }
 

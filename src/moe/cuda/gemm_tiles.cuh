@@ -203,7 +203,8 @@ __device__ inline int64_t a_row_of(const GemmGroups& groups, const RowTile& tile
 // Where the fp8 scales of row (or weight row) `n` of group `group` start; K tile k adds
 // k * k_stride.
 __device__ inline int32_t scale_index(const ScaleGrid& grid, int64_t n, int group) {
-  return static_cast<int32_t>((n / grid.block_n) * grid.row_stride + group * grid.group_stride);
+  const int64_t block_row = grid.block_n == 1 ? n : n / grid.block_n;  // (a uniform branch, no division)
+  return static_cast<int32_t>(block_row * grid.row_stride + group * grid.group_stride);
 }
 
 // The hand-over by row tile (GemmGroups::row_tile_columns), on the specialised and the decode

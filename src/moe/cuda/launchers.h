@@ -89,7 +89,8 @@ cudaError_t launch_sort_pairs(const int32_t* topk_ids, const int32_t* expert_map
 // in, f32 accumulate, bf16 out. B_g is K-major ([N, K]).
 // fp8 scales (value = code * scale) on a grid: the scale of row n (an A row after the
 // gather, or a weight row) of group g in K tile k (128 elements) is
-// scales[(n / block_n) * row_stride + k * k_stride + g * group_stride].
+// scales[(n / block_n) * row_stride + k * k_stride + g * group_stride]. block_n is 1 unless
+// rows share a scale in blocks (fp8_block weights); one scale for all rows is row_stride 0.
 struct ScaleGrid {
   const float* scales = nullptr;
   int64_t block_n = 1, row_stride = 0, k_stride = 0, group_stride = 0;

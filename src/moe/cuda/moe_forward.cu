@@ -227,7 +227,9 @@ Fp8Input quantize_input(const QuantSpec& quant, const uint16_t* values, int64_t 
 cuda::ScaleGrid weight_grid(const QuantSpec& quant, const std::optional<Tensor>& scale, int64_t n, int64_t k,
                             bool per_expert) {
   const Fp8Blocks blocks = weight_scale_blocks(quant, n, k);
-  cuda::ScaleGrid grid{scale->data_as<float>(), blocks.block_rows, blocks.scale_cols()};
+  const bool one_block_row = blocks.scale_rows() == 1;  // per tensor: block_n 1, row_stride 0 (ScaleGrid)
+  cuda::ScaleGrid grid{scale->data_as<float>(), one_block_row ? 1 : blocks.block_rows,
+                       one_block_row ? 0 : blocks.scale_cols()};
   grid.k_stride = blocks.block_cols < k ? 1 : 0;  // fp8_block: one scale column per K tile of 128
   grid.group_stride = per_expert ? blocks.scale_rows() * blocks.scale_cols() : 0;
   return grid;

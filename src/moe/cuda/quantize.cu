@@ -2,7 +2,7 @@
 // produces (fp8_codes.cuh):
 //   per group (fp8_block, group = block_k): a warp per kGroupsPerWarp groups of a row, held
 //     in registers (one pass), or where they do not fit two passes (amax, then codes);
-//   per row (fp8_channel, dynamic per token): one block per row, the same two passes;
+//   per row (fp8_channel, dynamic per token): a warp per row, two passes (amax, then codes);
 //   per tensor (fp8_tensor): an amax (atomicMax on the bits of |x|, which order like the
 //     floats, NaN above every number), then the codes; or a given static scale. Over rows
 //     in expert groups (GEMM2's input), one amax and one scale per group.
@@ -24,20 +24,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
-
-__device__ float load(const uint16_t* values, int64_t i) { return __bfloat162float(__ushort_as_bfloat16(values[i])); }
-
-__device__ uint32_t block_max(uint32_t bits) {
-  __shared__ uint32_t partial[kWarpsPerBlock];
-  bits = warp_max_bits(bits);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = bits;
-  __syncthreads();
-  bits = threadIdx.x < kWarpsPerBlock ? partial[threadIdx.x] : 0;
-  if (threadIdx.x < 32) bits = warp_max_bits(bits);
-  if (threadIdx.x == 0) partial[0] = bits;
-  __syncthreads();
-  return partial[0];
-}
 
 // Where row `row` sits: its group (-1 when no RowGroups), width, and whether it holds data.
 struct RowPlace {
@@ -141,41 +127,55 @@ __global__ void quantize_groups_kernel(Fp8Quantize q) {
   }
 }
 
+// A warp per row, kWarpsPerBlock rows a block: the row's values in 8-byte loads, eight in
+// flight a lane. (A block a row, 2-byte loads one at a time a thread: the median launch
+// 122.6 us over x's and GEMM1's output's for qwen3-30b-a3b fp8_channel at 16k tokens on an
+// H100, where x is 67 MB; docs/KERNELS.md, thirtieth session.)
+struct RowOfWarp {
+  int64_t row;
+  int lane;
+};
+__device__ RowOfWarp row_of_warp() {
+  return {int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32, static_cast<int>(threadIdx.x % 32)};
+}
+
 // Per row: the scale of the row; per tensor over groups: the amax of the row into its group's.
 __global__ void quantize_rows_kernel(Fp8Quantize q) {
   allow_successor();
   wait_for_predecessor();
-  const int64_t row = blockIdx.x;
+  const auto [row, lane] = row_of_warp();
+  if (row >= q.rows) return;
   const RowPlace place = place_of(q, row);
   if (!place.used) return;
-  const int64_t begin = row * q.stride;
-  uint32_t amax = 0;
-  for (int64_t i = threadIdx.x; i < place.width; i += kThreads) amax = max(amax, magnitude_bits(load(q.values, begin + i)));
-  amax = block_max(amax);
+  const uint16_t* values = q.values + row * q.stride;
+  uint8_t* codes = q.codes + row * q.stride;
+  const bool quads = span_in_quads(values, codes, place.width);
+  const uint32_t amax = span_amax_bits(values, place.width, quads, lane);
   if (q.granularity == Fp8Granularity::kPerTensor) {
-    if (threadIdx.x == 0) atomicMax(q.amax_bits + max(place.group, 0), amax);
+    if (lane == 0) atomicMax(q.amax_bits + max(place.group, 0), amax);
     return;
   }
   const AmaxScale scale(amax);
-  for (int64_t i = threadIdx.x; i < place.width; i += kThreads)
-    q.codes[begin + i] = encode_e4m3(load(q.values, begin + i), scale);
-  if (threadIdx.x == 0) q.scales[row] = scale.scale;
+  encode_span(values, codes, place.width, quads, lane, scale);
+  if (lane == 0) q.scales[row] = scale.scale;
 }
 
 // Per tensor over rows (with or without groups): codes from the static scale or the amax.
 __global__ void tensor_codes_kernel(Fp8Quantize q) {
   allow_successor();
   wait_for_predecessor();
-  const int64_t row = blockIdx.x;
+  const auto [row, lane] = row_of_warp();
+  if (row >= q.rows) return;
   const RowPlace place = place_of(q, row);
   if (!place.used) return;
   const int group = max(place.group, 0);
-  const int64_t begin = row * q.stride;
+  const uint16_t* values = q.values + row * q.stride;
+  uint8_t* codes = q.codes + row * q.stride;
+  const bool quads = span_in_quads(values, codes, place.width);
   auto write = [&](const auto& scale) {
-    for (int64_t i = threadIdx.x; i < place.width; i += kThreads)
-      q.codes[begin + i] = encode_e4m3(load(q.values, begin + i), scale);
+    encode_span(values, codes, place.width, quads, lane, scale);
     const bool first_of_group = q.row_groups.offsets ? row == q.row_groups.offsets[group] : row == 0;
-    if (threadIdx.x == 0 && first_of_group) q.scales[group] = scale.scale;
+    if (lane == 0 && first_of_group) q.scales[group] = scale.scale;
   };
   if (q.static_scale)
     write(StaticScale{*q.static_scale});
@@ -195,7 +195,7 @@ cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream, Start
   static const cudaError_t carveout =
       prefer_max_shared_memory(quantize_groups_kernel, quantize_rows_kernel, tensor_codes_kernel);
   if (carveout != cudaSuccess) return carveout;
-  const unsigned rows = static_cast<unsigned>(q.rows);
+  const dim3 row_blocks(static_cast<unsigned>((q.rows + kWarpsPerBlock - 1) / kWarpsPerBlock));  // a warp a row
   switch (q.granularity) {
     case Fp8Granularity::kPerGroup: {
       // As many blocks as the GPU holds at once, at most a warp a unit.
@@ -213,18 +213,18 @@ cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream, Start
                            stream, q);
     }
     case Fp8Granularity::kPerRow:
-      return launch_kernel(start, quantize_rows_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
+      return launch_kernel(start, quantize_rows_kernel, row_blocks, dim3(kThreads), 0, stream, q);
     case Fp8Granularity::kPerTensor:
       if (!q.static_scale) {
         const int groups = q.row_groups.offsets ? q.row_groups.count : 1;
         if (const cudaError_t e = cudaMemsetAsync(q.amax_bits, 0, groups * sizeof(uint32_t), stream); e != cudaSuccess)
           return e;
-        if (const cudaError_t e = launch_kernel(start, quantize_rows_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
+        if (const cudaError_t e = launch_kernel(start, quantize_rows_kernel, row_blocks, dim3(kThreads), 0, stream, q);
             e != cudaSuccess)
           return e;
-        return launch_chained(tensor_codes_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
+        return launch_chained(tensor_codes_kernel, row_blocks, dim3(kThreads), 0, stream, q);
       }
-      return launch_kernel(start, tensor_codes_kernel, dim3(rows), dim3(kThreads), 0, stream, q);
+      return launch_kernel(start, tensor_codes_kernel, row_blocks, dim3(kThreads), 0, stream, q);
   }
   return cudaErrorInvalidValue;
 }
