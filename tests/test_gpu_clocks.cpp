@@ -89,6 +89,36 @@ TEST(ClockSampler, ReadsWhatTheDriverReports) {
   dlclose(library);
 }
 
+// The rest before a measurement: over at once on an uncapped card, over when the driver clears
+// the cap, the whole limit while it stays capped or where NVML reads nothing.
+TEST(ClockRest, WaitsUntilThePowerCapClears) {
+  void* library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(library, nullptr) << "run through ctest, which puts this build's fake NVML on LD_LIBRARY_PATH";
+  using Set = void (*)(unsigned, unsigned, unsigned long long);
+  const auto set = reinterpret_cast<Set>(dlsym(library, "fake_nvml_set"));
+  ASSERT_NE(set, nullptr) << "libnvidia-ml.so.1 here is not this build's fake (tests/fake_nvml.cpp)";
+  constexpr unsigned long long kSoftwarePowerCap = 0x4;
+  {
+    const NvmlDevice device("0000:01:00.0");
+    ASSERT_EQ(device.unavailable_reason(), "");
+    set(1980, 300000, 0);
+    EXPECT_LT(rest_until_uncapped(device, 5000), 1000);
+    set(1400, 690000, kSoftwarePowerCap);
+    EXPECT_GE(rest_until_uncapped(device, 60), 60);
+    std::thread clear([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(80));
+      set(1980, 300000, 0);
+    });
+    const int waited = rest_until_uncapped(device, 5000);
+    clear.join();
+    EXPECT_GE(waited, 80);
+    EXPECT_LT(waited, 5000);
+  }
+  dlclose(library);
+  const NvmlDevice absent("ffff:ff:1f.7");
+  EXPECT_GE(rest_until_uncapped(absent, 40), 40);
+}
+
 TEST(ClockSampler, ReadsNothingWhereNvmlHasNoSuchDevice) {
   // No such bus on any machine: without NVML the library is missing, with it the lookup fails.
   const NvmlDevice device("ffff:ff:1f.7");

@@ -92,10 +92,10 @@ int run_bench(const std::vector<std::string>& arguments) {
             "over all E, only the rank's experts computed) and prints the median time beside the\n"
             "roofline floor max(bytes / bandwidth, flops / rate) and the ratio time / floor.\n"
             "Bytes count each local expert's weights once if any pair touches it, plus x, the\n"
-            "logits and y; flops are 2 * pairs * 3 * H * I. Both ceilings are measured at start:\n"
+            "logits and y; flops are 2 * pairs * 3 * H * I. Both ceilings are measured by the bench:\n"
             "on the GPU a 2 GiB device copy and an 8192^3 cuBLAS bf16 GEMM (e4m3 cuBLASLt for fp8),\n"
-            "the GEMM's rate sustained (back-to-back runs, the card at its power limit, as the timed\n"
-            "calls run), its burst rate (runs timed alone) printed beside it.\n"
+            "the GEMM's rate sustained (back-to-back runs after the timed calls, the card at its power\n"
+            "limit, as the timed calls run), its burst rate (runs timed alone, before) beside it.\n"
             "On the GPU a run is one replay of a CUDA graph of several calls in a row, rotating\n"
             "inputs and weight copies past the L2, timed with events; a call is its share.");
   declare_problem_options(args, "1,16,64");

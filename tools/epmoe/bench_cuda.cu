@@ -1,6 +1,7 @@
-// epmoe bench --device cuda. Measures the device's two ceilings at start (a 2 GiB
-// device-to-device copy, bytes read + written; an 8192^3 bf16 cuBLAS GEMM on random data,
-// or for fp8 schemes an 8192^3 e4m3 cuBLASLt GEMM, sustained: GemmRate), fills rank 0's local experts with random
+// epmoe bench --device cuda. Measures the device's two ceilings (a 2 GiB device-to-device
+// copy, bytes read + written; an 8192^3 bf16 cuBLAS GEMM on random data, or for fp8 schemes
+// an 8192^3 e4m3 cuBLASLt GEMM: the copy and the GEMM's burst rate before the timed calls, its
+// sustained rate, the floor's, after them: RatePhase), fills rank 0's local experts with random
 // weights (bf16, or e4m3 codes with their scales) on the device, and for each T times
 // replays of one CUDA graph with CUDA events (queued back to back, so the host's launch cost
 // is not in the figure); the graph holds several calls in a row, rotating over input sets
@@ -75,15 +76,22 @@ __global__ void fill_constant(float* data, int64_t count, float value) {
     data[i] = value;
 }
 
-// A GEMM's tensor rate two ways, flop/s, with the clocks each ran at. Burst: 10 runs, each
-// timed alone after a warm-up, the card at its boost clock. Sustained: blocks of back-to-back
-// runs after kSustainMs of them, the card at its power limit, as the layer's timed replays
-// run (a few hundred ms back to back at large T): DESIGN.md's ceiling and the floor's. (On an
-// H100 the bench's T=16384 layers ran at 1440-1550 MHz while a burst GEMM ran at 1980;
-// docs/KERNELS.md, thirtieth session.)
+// A GEMM's tensor rate, flop/s, and the clocks it ran at; two ways (RatePhase).
+struct RateReading {
+  double flops_per_second = 0;
+  std::optional<ClockReading> clocks;
+};
+// Burst: 10 runs, each timed alone after a warm-up, the card rested (rest_until_uncapped) and
+// at its boost clock; measured before the timed calls. Sustained: blocks of back-to-back runs
+// after kSustainMs of them, the card at its power limit as the layer's timed replays run (a
+// few hundred ms back to back at large T): DESIGN.md's ceiling and the floor's; measured after
+// the timed calls, so that the clock it leaves held down does not fall on them. (On an H100
+// the bench's T=16384 layers ran at 1440-1550 MHz while a burst GEMM ran at 1980, and the
+// calls timed right after a sustained GEMM at ~1305 for a second or more; docs/KERNELS.md,
+// thirtieth session.)
+enum class RatePhase { kBurst, kSustained };
 struct GemmRate {
-  double burst = 0, sustained = 0;
-  std::optional<ClockReading> burst_clocks, sustained_clocks;
+  RateReading burst, sustained;
 };
 
 struct DeviceCeilings {
@@ -120,31 +128,30 @@ Result<float> median_ms(int repeats, Work work) {
 // gemm(i) queues one run of `flops` on the default stream (its own errors it keeps for the
 // caller to check).
 template <typename Gemm>
-Result<GemmRate> measure_gemm_rate(double flops, ClockSampler& sampler, Gemm gemm) {
+Result<RateReading> measure_gemm_rate(double flops, RatePhase phase, ClockSampler& sampler, Gemm gemm) {
   constexpr double kSustainMs = 200, kBlockMs = 10;
   constexpr int kSamples = 10;
-  GemmRate rate;
-  for (int i = 0; i < 3; ++i) gemm(i);
+  const Result<float> run_ms = median_ms(3, gemm);  // (also the warm-up)
+  if (!run_ms.ok()) return run_ms.status();
+  if (!(run_ms.value() > 0)) return Status::io_error("a ceiling's GEMM took no time");
+  int runs_per_sample = 1;
+  if (phase == RatePhase::kSustained) {
+    for (int i = 0; i < static_cast<int>(std::ceil(kSustainMs / run_ms.value())); ++i) gemm(i);
+    runs_per_sample = std::max(1, static_cast<int>(std::ceil(kBlockMs / run_ms.value())));
+  }
+  RateReading rate;
   sampler.start();
-  const Result<float> burst_ms = median_ms(kSamples, gemm);
-  rate.burst_clocks = sampler.stop();
-  if (!burst_ms.ok()) return burst_ms.status();
-  if (!(burst_ms.value() > 0)) return Status::io_error("a ceiling's GEMM took no time");
-  for (int i = 0; i < static_cast<int>(std::ceil(kSustainMs / burst_ms.value())); ++i) gemm(i);
-  const int runs_per_block = std::max(1, static_cast<int>(std::ceil(kBlockMs / burst_ms.value())));
-  sampler.start();
-  const Result<float> block_ms = median_ms(kSamples, [&](int) {
-    for (int i = 0; i < runs_per_block; ++i) gemm(i);
+  const Result<float> sample_ms = median_ms(kSamples, [&](int) {
+    for (int i = 0; i < runs_per_sample; ++i) gemm(i);
   });
-  rate.sustained_clocks = sampler.stop();
-  if (!block_ms.ok()) return block_ms.status();
-  rate.burst = flops / (burst_ms.value() * 1e-3);
-  rate.sustained = flops * runs_per_block / (block_ms.value() * 1e-3);
+  rate.clocks = sampler.stop();
+  if (!sample_ms.ok()) return sample_ms.status();
+  rate.flops_per_second = flops * runs_per_sample / (sample_ms.value() * 1e-3);
   return rate;
 }
 
-Result<DeviceCeilings> measure_ceilings(ClockSampler& sampler) {
-  DeviceCeilings ceilings;
+// The device copy's rate, bytes read + written a second.
+Result<double> measure_copy_rate() {
   constexpr size_t kCopyBytes = size_t{2} << 30;
   Result<DeviceBuffer> source = DeviceBuffer::allocate(kCopyBytes), target = DeviceBuffer::allocate(kCopyBytes);
   if (!source.ok()) return source.status();
@@ -155,35 +162,38 @@ Result<DeviceCeilings> measure_ceilings(ClockSampler& sampler) {
   const Result<float> copy_ms =
       median_ms(10, [&](int) { cudaMemcpyAsync(target->data(), source->data(), kCopyBytes, cudaMemcpyDeviceToDevice); });
   if (!copy_ms.ok()) return copy_ms.status();
-  ceilings.bytes_per_second = 2.0 * kCopyBytes / (copy_ms.value() * 1e-3);
+  return 2.0 * kCopyBytes / (copy_ms.value() * 1e-3);
+}
 
+// The bf16 tensor rate: an 8192^3 cuBLAS GEMM on random data.
+Result<RateReading> measure_bf16_rate(RatePhase phase, ClockSampler& sampler) {
   constexpr int kN = 8192;
   const size_t matrix_bytes = size_t{kN} * kN * 2;
   Result<DeviceBuffer> a = DeviceBuffer::allocate(matrix_bytes), b = DeviceBuffer::allocate(matrix_bytes),
                        c = DeviceBuffer::allocate(matrix_bytes);
   if (!a.ok() || !b.ok() || !c.ok()) return Status(StatusCode::kOutOfMemory, "GEMM ceiling buffers");
-  fill(a->data(), int64_t{kN} * kN, 11, 1.0f);
-  fill(b->data(), int64_t{kN} * kN, 12, 1.0f);
+  if (fill(a->data(), int64_t{kN} * kN, 11, 1.0f) != cudaSuccess ||
+      fill(b->data(), int64_t{kN} * kN, 12, 1.0f) != cudaSuccess)
+    return Status::io_error("fill failed");
   cublasHandle_t handle;
   if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return Status::io_error("cublasCreate failed");
   const float alpha = 1.0f, beta = 0.0f;
   cublasStatus_t gemm_status = CUBLAS_STATUS_SUCCESS;
   auto gemm = [&](int) {
+    if (gemm_status != CUBLAS_STATUS_SUCCESS) return;
     gemm_status = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, kN, kN, kN, &alpha, a->data(), CUDA_R_16BF, kN,
                                b->data(), CUDA_R_16BF, kN, &beta, c->data(), CUDA_R_16BF, kN, CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT);
   };
-  Result<GemmRate> rate = measure_gemm_rate(2.0 * kN * kN * double{kN}, sampler, gemm);
+  Result<RateReading> rate = measure_gemm_rate(2.0 * kN * kN * double{kN}, phase, sampler, gemm);
   cublasDestroy(handle);
   if (gemm_status != CUBLAS_STATUS_SUCCESS) return Status::io_error("cublasGemmEx failed");
-  if (!rate.ok()) return rate.status();
-  ceilings.bf16 = rate.value();
-  return ceilings;
+  return rate;
 }
 
 // The e4m3 tensor rate: an 8192^3 cuBLASLt GEMM (A^T B, both K-major e4m3, f32 accumulate,
 // bf16 out) on random codes.
-Result<GemmRate> measure_fp8_rate(ClockSampler& sampler) {
+Result<RateReading> measure_e4m3_rate(RatePhase phase, ClockSampler& sampler) {
   constexpr int kN = 8192;
   constexpr size_t kWorkspaceBytes = size_t{32} << 20;
   Result<DeviceBuffer> a = DeviceBuffer::allocate(size_t{kN} * kN), b = DeviceBuffer::allocate(size_t{kN} * kN),
@@ -210,7 +220,7 @@ Result<GemmRate> measure_fp8_rate(ClockSampler& sampler) {
     status = cublasLtMatmul(handle, operation, &alpha, a->data(), a_layout, b->data(), b_layout, &beta, c->data(),
                             c_layout, c->data(), c_layout, nullptr, workspace->data(), kWorkspaceBytes, nullptr);
   };
-  const Result<GemmRate> rate = measure_gemm_rate(2.0 * kN * kN * double{kN}, sampler, gemm);
+  const Result<RateReading> rate = measure_gemm_rate(2.0 * kN * kN * double{kN}, phase, sampler, gemm);
   for (cublasLtMatrixLayout_t layout : {a_layout, b_layout, c_layout})
     if (layout) cublasLtMatrixLayoutDestroy(layout);
   if (operation) cublasLtMatmulDescDestroy(operation);
@@ -231,9 +241,9 @@ std::string describe_clocks(const std::optional<ClockReading>& clocks) {
 
 // "bf16 GEMM 640 TFLOP/s sustained at ... (burst 807 at ...)"
 std::string describe_rate(const char* name, const GemmRate& rate) {
-  return std::string(name) + " GEMM " + std::to_string(std::lround(rate.sustained / 1e12)) + " TFLOP/s sustained" +
-         describe_clocks(rate.sustained_clocks) + " (burst " + std::to_string(std::lround(rate.burst / 1e12)) +
-         describe_clocks(rate.burst_clocks) + ")";
+  return std::string(name) + " GEMM " + std::to_string(std::lround(rate.sustained.flops_per_second / 1e12)) +
+         " TFLOP/s sustained" + describe_clocks(rate.sustained.clocks) + " (burst " +
+         std::to_string(std::lround(rate.burst.flops_per_second / 1e12)) + describe_clocks(rate.burst.clocks) + ")";
 }
 
 nlohmann::json clocks_json(const std::optional<ClockReading>& clocks) {
@@ -265,14 +275,27 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
   BENCH_CHECK(cudaDeviceGetPCIBusId(pci_bus_id, sizeof(pci_bus_id), 0));
   const NvmlDevice nvml(pci_bus_id);
   ClockSampler sampler(nvml);
-  Result<DeviceCeilings> ceilings = measure_ceilings(sampler);
-  if (!ceilings.ok()) return usage_error("bench", ceilings.status().to_string());
-  if (fp8) {  // the floor of an fp8 layer is set by the fp8 tensor rate
-    Result<GemmRate> fp8_rate = measure_fp8_rate(sampler);
-    if (!fp8_rate.ok()) return usage_error("bench", fp8_rate.status().to_string());
-    ceilings->e4m3 = fp8_rate.value();
-  }
-  const double flops_per_second = ceilings->floor_rate().sustained;
+  // The ceilings: the copy and the burst GEMM rates now, on a rested card (a bench run just
+  // before may have left it capped); the sustained rates after the timed calls.
+  constexpr int kRestLimitMs = 3000;
+  const int rested_ms = rest_until_uncapped(nvml, kRestLimitMs);
+  DeviceCeilings ceilings;
+  auto measure_rates = [&](RatePhase phase) -> Status {
+    Result<RateReading> bf16 = measure_bf16_rate(phase, sampler);
+    if (!bf16.ok()) return bf16.status();
+    (phase == RatePhase::kBurst ? ceilings.bf16.burst : ceilings.bf16.sustained) = bf16.value();
+    if (!fp8) return Status{};
+    Result<RateReading> e4m3 = measure_e4m3_rate(phase, sampler);  // the floor of an fp8 layer
+    if (!e4m3.ok()) return e4m3.status();
+    if (!ceilings.e4m3) ceilings.e4m3 = GemmRate{};
+    (phase == RatePhase::kBurst ? ceilings.e4m3->burst : ceilings.e4m3->sustained) = e4m3.value();
+    return Status{};
+  };
+  const Result<double> copy_rate = measure_copy_rate();
+  if (!copy_rate.ok()) return usage_error("bench", copy_rate.status().to_string());
+  ceilings.bytes_per_second = copy_rate.value();
+  if (const Status burst = measure_rates(RatePhase::kBurst); !burst.ok())
+    return usage_error("bench", burst.to_string());
 
   const int E = base.spec.routing.num_experts;
   const ExpertMap owned = ExpertMap::build(base.placement, E, base.num_ranks, 0).value();
@@ -357,14 +380,16 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
   std::printf("bench %s, rank 0's share, %s (%d SMs, %d MB L2), %d weight cop%s of %.2f GiB\n",
               describe(problem).c_str(), properties.name, properties.multiProcessorCount,
               properties.l2CacheSize >> 20, copies, copies == 1 ? "y" : "ies", weight_bytes / (1 << 30));
-  std::printf("ceilings: copy %.2f TB/s, %s", ceilings->bytes_per_second / 1e12,
-              describe_rate("bf16", ceilings->bf16).c_str());
-  if (fp8) std::printf(", %s (the floor's)", describe_rate("e4m3", *ceilings->e4m3).c_str());
-  std::printf("\n");
-  if (!nvml.unavailable_reason().empty()) std::printf("clocks: not read (%s)\n", nvml.unavailable_reason().c_str());
-  std::printf("%7s %8s %8s %11s %8s %9s %11s %7s %6s %7s %5s %5s\n", "T", "pairs", "experts", "time us", "TB/s",
-              "TFLOP/s", "floor us", "ratio", "bound", "SM MHz", "W", "cap%");
-  nlohmann::json results = nlohmann::json::array();
+  std::fflush(stdout);
+  // What each T's timing gave; its floor waits for the sustained rate.
+  struct Timed {
+    int64_t T;
+    double seconds;
+    std::optional<ClockReading> clocks;
+    std::vector<Workload> rotation;  // the work of each call of the rotation
+    int calls, replays;
+  };
+  std::vector<Timed> timed;
   constexpr int kInputSets = 4;
   for (int64_t T : token_counts) {
     RandomCaseOptions options = base;
@@ -458,47 +483,62 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     for (cudaEvent_t event : events) cudaEventDestroy(event);
     for (const auto& [exec, count] : graphs) cudaGraphExecDestroy(exec);
     cudaStreamDestroy(stream);
+    Timed& t = timed.emplace_back(Timed{T, median(times) * 1e-3, clocks, {}, calls, replays});
+    for (int r = 0; r < rotation; ++r) t.rotation.push_back(workloads[r % kInputSets]);
+  }
+  if (const Status sustained = measure_rates(RatePhase::kSustained); !sustained.ok())
+    return usage_error("bench", sustained.to_string());
+
+  std::printf("ceilings: copy %.2f TB/s, %s", ceilings.bytes_per_second / 1e12,
+              describe_rate("bf16", ceilings.bf16).c_str());
+  if (fp8) std::printf(", %s (the floor's)", describe_rate("e4m3", *ceilings.e4m3).c_str());
+  std::printf("; rested %d ms before\n", rested_ms);
+  if (!nvml.unavailable_reason().empty()) std::printf("clocks: not read (%s)\n", nvml.unavailable_reason().c_str());
+  std::printf("%7s %8s %8s %11s %8s %9s %11s %7s %6s %7s %5s %5s\n", "T", "pairs", "experts", "time us", "TB/s",
+              "TFLOP/s", "floor us", "ratio", "bound", "SM MHz", "W", "cap%");
+  const double flops_per_second = ceilings.floor_rate().sustained.flops_per_second;
+  const double burst_flops_per_second = ceilings.floor_rate().burst.flops_per_second;
+  nlohmann::json results = nlohmann::json::array();
+  for (const Timed& t : timed) {
     // The floor and the work of one call: their means over the rotation.
     double floor_sum = 0, burst_floor_sum = 0;  // (burst: the same at the GEMM's burst rate)
     Workload mean;
-    for (int r = 0; r < rotation; ++r) {
-      const Workload& w = workloads[r % kInputSets];
-      floor_sum += std::max(w.bytes / ceilings->bytes_per_second, w.flops / flops_per_second);
-      burst_floor_sum += std::max(w.bytes / ceilings->bytes_per_second, w.flops / ceilings->floor_rate().burst);
+    for (const Workload& w : t.rotation) {
+      floor_sum += std::max(w.bytes / ceilings.bytes_per_second, w.flops / flops_per_second);
+      burst_floor_sum += std::max(w.bytes / ceilings.bytes_per_second, w.flops / burst_flops_per_second);
       mean.local_pairs += w.local_pairs;
       mean.experts_touched += w.experts_touched;
       mean.bytes += w.bytes;
       mean.flops += w.flops;
     }
-    const double seconds = median(times) * 1e-3;
-    const double floor_seconds = floor_sum / rotation;
-    const double bytes = mean.bytes / rotation, flops = mean.flops / rotation;
-    const bool bandwidth_bound = bytes / ceilings->bytes_per_second >= flops / flops_per_second;
-    std::printf("%7lld %8lld %8lld %11.1f %8.2f %9.1f %11.1f %7.2f %6s", static_cast<long long>(T),
-                static_cast<long long>(mean.local_pairs / rotation),
-                static_cast<long long>(mean.experts_touched / rotation), seconds * 1e6, bytes / seconds / 1e12,
-                flops / seconds / 1e12, floor_seconds * 1e6, seconds / floor_seconds,
-                bandwidth_bound ? "memory" : "math");
-    if (clocks)
-      std::printf(" %7.0f %5.0f %5.0f\n", clocks->median_sm_mhz, clocks->median_watts,
-                  100 * clocks->power_capped_share);
+    const double calls = static_cast<double>(t.rotation.size());
+    const double seconds = t.seconds, floor_seconds = floor_sum / calls;
+    const double bytes = mean.bytes / calls, flops = mean.flops / calls;
+    const bool bandwidth_bound = bytes / ceilings.bytes_per_second >= flops / flops_per_second;
+    std::printf("%7lld %8lld %8lld %11.1f %8.2f %9.1f %11.1f %7.2f %6s", static_cast<long long>(t.T),
+                static_cast<long long>(mean.local_pairs / calls), static_cast<long long>(mean.experts_touched / calls),
+                seconds * 1e6, bytes / seconds / 1e12, flops / seconds / 1e12, floor_seconds * 1e6,
+                seconds / floor_seconds, bandwidth_bound ? "memory" : "math");
+    if (t.clocks)
+      std::printf(" %7.0f %5.0f %5.0f\n", t.clocks->median_sm_mhz, t.clocks->median_watts,
+                  100 * t.clocks->power_capped_share);
     else
       std::printf(" %7s %5s %5s\n", "-", "-", "-");
-    std::fflush(stdout);
-    results.push_back({{"tokens", T},
-                       {"local_pairs", mean.local_pairs / rotation},
-                       {"experts_touched", mean.experts_touched / rotation},
+    results.push_back({{"tokens", t.T},
+                       {"local_pairs", mean.local_pairs / calls},
+                       {"experts_touched", mean.experts_touched / calls},
                        {"seconds", seconds},
                        {"bytes", bytes},
                        {"flops", flops},
                        {"floor_seconds", floor_seconds},
                        {"ratio", seconds / floor_seconds},
-                       {"burst_floor_seconds", burst_floor_sum / rotation},
+                       {"burst_floor_seconds", burst_floor_sum / calls},
                        {"bound", bandwidth_bound ? "memory" : "math"},
-                       {"calls_per_graph", calls},
-                       {"replays", replays},
-                       {"clocks", clocks_json(clocks)}});
+                       {"calls_per_graph", t.calls},
+                       {"replays", t.replays},
+                       {"clocks", clocks_json(t.clocks)}});
   }
+  std::fflush(stdout);
   if (!json_path.empty()) {
     const nlohmann::json document = {{"device", properties.name},
                                      {"problem", describe(problem)},
@@ -506,15 +546,16 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
                                      {"ep", base.num_ranks},
                                      {"quant", std::string(quant_scheme_name(quant.scheme))},
                                      {"ceilings",
-                                      {{"bytes_per_second", ceilings->bytes_per_second},
+                                      {{"bytes_per_second", ceilings.bytes_per_second},
                                        {"flops_per_second", flops_per_second},
-                                       {"burst_flops_per_second", ceilings->floor_rate().burst},
-                                       {"bf16_flops_per_second", ceilings->bf16.sustained},
-                                       {"bf16_burst_flops_per_second", ceilings->bf16.burst},
-                                       {"rate_clocks", clocks_json(ceilings->floor_rate().sustained_clocks)},
-                                       {"burst_rate_clocks", clocks_json(ceilings->floor_rate().burst_clocks)},
-                                       {"bf16_rate_clocks", clocks_json(ceilings->bf16.sustained_clocks)},
-                                       {"bf16_burst_rate_clocks", clocks_json(ceilings->bf16.burst_clocks)}}},
+                                       {"burst_flops_per_second", burst_flops_per_second},
+                                       {"bf16_flops_per_second", ceilings.bf16.sustained.flops_per_second},
+                                       {"bf16_burst_flops_per_second", ceilings.bf16.burst.flops_per_second},
+                                       {"rate_clocks", clocks_json(ceilings.floor_rate().sustained.clocks)},
+                                       {"burst_rate_clocks", clocks_json(ceilings.floor_rate().burst.clocks)},
+                                       {"bf16_rate_clocks", clocks_json(ceilings.bf16.sustained.clocks)},
+                                       {"bf16_burst_rate_clocks", clocks_json(ceilings.bf16.burst.clocks)},
+                                       {"rested_ms", rested_ms}}},
                                      {"results", results}};
     std::ofstream file(json_path);
     file << document.dump(2) << "\n";

@@ -105,6 +105,20 @@ std::optional<ClockReading> summarize(const std::vector<ClockSample>& samples) {
   return reading;
 }
 
+int rest_until_uncapped(const NvmlDevice& device, int limit_ms) {
+  constexpr int kPollMs = 5;
+  const auto begin = std::chrono::steady_clock::now();
+  auto waited_ms = [&] {
+    return static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - begin).count());
+  };
+  while (waited_ms() < limit_ms) {
+    if (const std::optional<ClockSample> sample = device.sample(); sample && !sample->power_capped) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(kPollMs));
+  }
+  return waited_ms();
+}
+
 void ClockSampler::take() {
   if (const std::optional<ClockSample> sample = device_.sample()) samples_.push_back(*sample);
 }

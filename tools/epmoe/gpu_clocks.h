@@ -54,6 +54,12 @@ class NvmlDevice {
   std::string unavailable_;
 };
 
+// Waits, idle, until the driver no longer marks the clock as held down by the power cap (NVML
+// polled every few ms), at most limit_ms; where NVML reads nothing, the whole limit. Returns the
+// milliseconds waited. (After a long run of tensor work the card stays capped for a second or
+// more: what is measured right after it runs at the lowered clock.)
+int rest_until_uncapped(const NvmlDevice& device, int limit_ms);
+
 // Samples `device` every `period_ms` from start() to stop(), on a thread of its own (and once
 // at each end, so that a region shorter than the period still has a reading).
 class ClockSampler {
