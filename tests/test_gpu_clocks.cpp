@@ -46,18 +46,33 @@ TEST(ClockSummary, TakesTheMedianTheMinimumAndTheCappedShare) {
 
 TEST(ClockSummary, NoSamplesNoReading) { EXPECT_FALSE(summarize({}).has_value()); }
 
-TEST(ClockSampler, ReadsWhatTheDriverReports) {
-  void* library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(library, nullptr) << "run through ctest, which puts this build's fake NVML on LD_LIBRARY_PATH";
-  using Set = void (*)(unsigned, unsigned, unsigned long long);
-  const auto set = reinterpret_cast<Set>(dlsym(library, "fake_nvml_set"));
-  ASSERT_NE(set, nullptr) << "libnvidia-ml.so.1 here is not this build's fake (tests/fake_nvml.cpp)";
+// Tests against this build's fake NVML (tests/fake_nvml.cpp), opened for its setter: set(SM
+// MHz, milliwatts, clock event reasons) is what the driver reports next.
+class FakeNvml : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    library_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    ASSERT_NE(library_, nullptr) << "run through ctest, which puts this build's fake NVML on LD_LIBRARY_PATH";
+    set = reinterpret_cast<void (*)(unsigned, unsigned, unsigned long long)>(dlsym(library_, "fake_nvml_set"));
+    ASSERT_NE(set, nullptr) << "libnvidia-ml.so.1 here is not this build's fake (tests/fake_nvml.cpp)";
+  }
+  void TearDown() override {
+    if (library_ != nullptr) dlclose(library_);
+  }
+  static constexpr unsigned long long kSoftwarePowerCap = 0x4;
+  void (*set)(unsigned, unsigned, unsigned long long) = nullptr;
+
+ private:
+  void* library_ = nullptr;
+};
+
+TEST_F(FakeNvml, TheSamplerReadsWhatTheDriverReports) {
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   const unsigned first_mhz = 1500 + rng() % 500, second_mhz = 1000 + rng() % 500;  // the second lower
   const unsigned first_mw = 200000 + rng() % 100000, second_mw = 600000 + rng() % 100000;
-  constexpr unsigned long long kSoftwarePowerCap = 0x4, kOtherReasons = 0x1 | 0x20;
+  constexpr unsigned long long kOtherReasons = 0x1 | 0x20;
 
   set(first_mhz, first_mw, kOtherReasons);
   {
@@ -86,35 +101,25 @@ TEST(ClockSampler, ReadsWhatTheDriverReports) {
     EXPECT_GT(reading->power_capped_share, 0.0);  // the second phase's samples, and only those
     EXPECT_LT(reading->power_capped_share, 1.0);
   }
-  dlclose(library);
 }
 
 // The rest before a measurement: over at once on an uncapped card, over when the driver clears
 // the cap, the whole limit while it stays capped or where NVML reads nothing.
-TEST(ClockRest, WaitsUntilThePowerCapClears) {
-  void* library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(library, nullptr) << "run through ctest, which puts this build's fake NVML on LD_LIBRARY_PATH";
-  using Set = void (*)(unsigned, unsigned, unsigned long long);
-  const auto set = reinterpret_cast<Set>(dlsym(library, "fake_nvml_set"));
-  ASSERT_NE(set, nullptr) << "libnvidia-ml.so.1 here is not this build's fake (tests/fake_nvml.cpp)";
-  constexpr unsigned long long kSoftwarePowerCap = 0x4;
-  {
-    const NvmlDevice device("0000:01:00.0");
-    ASSERT_EQ(device.unavailable_reason(), "");
+TEST_F(FakeNvml, TheRestWaitsUntilThePowerCapClears) {
+  const NvmlDevice device("0000:01:00.0");
+  ASSERT_EQ(device.unavailable_reason(), "");
+  set(1980, 300000, 0);
+  EXPECT_LT(rest_until_uncapped(device, 5000), 1000);
+  set(1400, 690000, kSoftwarePowerCap);
+  EXPECT_GE(rest_until_uncapped(device, 60), 60);
+  std::thread clear([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(80));
     set(1980, 300000, 0);
-    EXPECT_LT(rest_until_uncapped(device, 5000), 1000);
-    set(1400, 690000, kSoftwarePowerCap);
-    EXPECT_GE(rest_until_uncapped(device, 60), 60);
-    std::thread clear([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(80));
-      set(1980, 300000, 0);
-    });
-    const int waited = rest_until_uncapped(device, 5000);
-    clear.join();
-    EXPECT_GE(waited, 80);
-    EXPECT_LT(waited, 5000);
-  }
-  dlclose(library);
+  });
+  const int waited = rest_until_uncapped(device, 5000);
+  clear.join();
+  EXPECT_GE(waited, 80);
+  EXPECT_LT(waited, 5000);
   const NvmlDevice absent("ffff:ff:1f.7");
   EXPECT_GE(rest_until_uncapped(absent, 40), 40);
 }
