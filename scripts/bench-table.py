@@ -34,15 +34,15 @@ def main():
         sustained = [c.get(key, c["flops_per_second"]) / 1e12 for c in chosen]
         if not sustained:
             return ""
-        burst = [c[f"{key.replace('flops_per_second', '')}burst_flops_per_second"] / 1e12 for c in chosen
-                 if f"{key.replace('flops_per_second', '')}burst_flops_per_second" in c]
+        burst_key = key.replace("flops_per_second", "burst_flops_per_second")
+        burst = [c[burst_key] / 1e12 for c in chosen if burst_key in c]
         text = f", {label} GEMM {spread(sustained)} TFLOP/s"
         return text + (f" sustained (burst {spread(burst)})" if burst else "")
 
     line = (f"\nCeilings measured per run: copy {min(copy):.2f}-{max(copy):.2f} TB/s"
             + rate("bf16_flops_per_second", "bf16", False) + rate("flops_per_second", "e4m3", True))
     if any(run.get("quant", "bf16") != "bf16" for run in runs):
-        line += " (the fp8 floors' rate: e4m3)"
+        line += " (the fp8 floors' rate is the e4m3 one)"
     print(line + f" ({runs[0]['device']}).")
     if any("burst_floor_seconds" in r for run in runs for r in run["results"]):
         print("\nThe same times against floors at the GEMMs' burst rates (time / burst floor):\n")
@@ -66,6 +66,7 @@ def main():
             print(f"SM clock while timed: {min(mhz):.0f}-{max(mhz):.0f} MHz (the ceilings' {label} GEMMs: "
                   f"{spread([c['sm_mhz_median'] for c in rates])} MHz); power-capped in up to "
                   f"{100 * max(c['power_capped_share'] for c in timed):.0f}% of a case's samples.")
+
 
 if __name__ == "__main__":
     main()
