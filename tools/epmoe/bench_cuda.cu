@@ -92,6 +92,7 @@ struct RateReading {
 enum class RatePhase { kBurst, kSustained };
 struct GemmRate {
   RateReading burst, sustained;
+  RateReading& at(RatePhase phase) { return phase == RatePhase::kBurst ? burst : sustained; }
 };
 
 struct DeviceCeilings {
@@ -283,12 +284,12 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
   auto measure_rates = [&](RatePhase phase) -> Status {
     Result<RateReading> bf16 = measure_bf16_rate(phase, sampler);
     if (!bf16.ok()) return bf16.status();
-    (phase == RatePhase::kBurst ? ceilings.bf16.burst : ceilings.bf16.sustained) = bf16.value();
+    ceilings.bf16.at(phase) = bf16.value();
     if (!fp8) return Status{};
     Result<RateReading> e4m3 = measure_e4m3_rate(phase, sampler);  // the floor of an fp8 layer
     if (!e4m3.ok()) return e4m3.status();
     if (!ceilings.e4m3) ceilings.e4m3 = GemmRate{};
-    (phase == RatePhase::kBurst ? ceilings.e4m3->burst : ceilings.e4m3->sustained) = e4m3.value();
+    ceilings.e4m3->at(phase) = e4m3.value();
     return Status{};
   };
   const Result<double> copy_rate = measure_copy_rate();
@@ -387,7 +388,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     double seconds;
     std::optional<ClockReading> clocks;
     std::vector<Workload> rotation;  // the work of each call of the rotation
-    int calls, replays;
+    int calls_per_graph, replays;
   };
   std::vector<Timed> timed;
   constexpr int kInputSets = 4;
@@ -498,14 +499,17 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
               "TFLOP/s", "floor us", "ratio", "bound", "SM MHz", "W", "cap%");
   const double flops_per_second = ceilings.floor_rate().sustained.flops_per_second;
   const double burst_flops_per_second = ceilings.floor_rate().burst.flops_per_second;
+  auto floor_at = [&](double bytes, double flops, double rate) {  // DESIGN.md's floor, at a GEMM rate
+    return std::max(bytes / ceilings.bytes_per_second, flops / rate);
+  };
   nlohmann::json results = nlohmann::json::array();
   for (const Timed& t : timed) {
     // The floor and the work of one call: their means over the rotation.
     double floor_sum = 0, burst_floor_sum = 0;  // (burst: the same at the GEMM's burst rate)
     Workload mean;
     for (const Workload& w : t.rotation) {
-      floor_sum += std::max(w.bytes / ceilings.bytes_per_second, w.flops / flops_per_second);
-      burst_floor_sum += std::max(w.bytes / ceilings.bytes_per_second, w.flops / burst_flops_per_second);
+      floor_sum += floor_at(w.bytes, w.flops, flops_per_second);
+      burst_floor_sum += floor_at(w.bytes, w.flops, burst_flops_per_second);
       mean.local_pairs += w.local_pairs;
       mean.experts_touched += w.experts_touched;
       mean.bytes += w.bytes;
@@ -534,7 +538,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
                        {"ratio", seconds / floor_seconds},
                        {"burst_floor_seconds", burst_floor_sum / calls},
                        {"bound", bandwidth_bound ? "memory" : "math"},
-                       {"calls_per_graph", t.calls},
+                       {"calls_per_graph", t.calls_per_graph},
                        {"replays", t.replays},
                        {"clocks", clocks_json(t.clocks)}});
   }
