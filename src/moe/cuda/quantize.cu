@@ -47,6 +47,7 @@ __device__ RowPlace place_in_groups(const Fp8Quantize& q, int64_t row) {
 }
 
 __device__ RowPlace place_of(const Fp8Quantize& q, int64_t row) {
+  if (row >= q.rows) return {0, 0, false};  // (the last block's warps past the rows)
   if (q.slot_of_pair) {  // (every thread reads the same top_k slots: one line)
     bool read = false;
     for (int j = 0; j < q.top_k; ++j) read |= q.slot_of_pair[row * q.top_k + j] >= 0;
@@ -144,7 +145,6 @@ __global__ void quantize_rows_kernel(Fp8Quantize q) {
   allow_successor();
   wait_for_predecessor();
   const auto [row, lane] = row_of_warp();
-  if (row >= q.rows) return;
   const RowPlace place = place_of(q, row);
   if (!place.used) return;
   const uint16_t* values = q.values + row * q.stride;
@@ -165,7 +165,6 @@ __global__ void tensor_codes_kernel(Fp8Quantize q) {
   allow_successor();
   wait_for_predecessor();
   const auto [row, lane] = row_of_warp();
-  if (row >= q.rows) return;
   const RowPlace place = place_of(q, row);
   if (!place.used) return;
   const int group = max(place.group, 0);
