@@ -183,8 +183,9 @@ TEST(GpuQuantizerRows, RefusesARowFilterForAPerTensorAmax) {
 }
 
 // (per_group_many_rows: more units of four groups than the warps the GPU holds at once, so
-// that each warp of the per-group kernel walks several; per_token_many_rows: many blocks of
-// the row kernel.)
+// that each warp of the per-group kernel walks several; per_token_many_rows: more rows than 32
+// an SM on GPUs of up to 156 SMs, so that the row kernel runs a warp a row, where the others,
+// few rows, run a block a row.)
 INSTANTIATE_TEST_SUITE_P(Schemes, GpuQuantizer,
                          ::testing::Values(QuantCase{"per_token_7168", kRows, 7168, 7168, false, NAN},
                                            QuantCase{"per_token_nan", kRows, 2048, 2048, true, NAN},

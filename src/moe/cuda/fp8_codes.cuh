@@ -80,47 +80,60 @@ __device__ inline uint32_t encode_e4m3x4(const float (&v)[4], const Scale& scale
          uint32_t{encode_e4m3(v[3], scale)} << 24;
 }
 
-// Calls visit(i, v, n) for this lane's share of values[0, width): v[0, n) = values[i, i + n),
-// n = 4 neighbours per 8-byte load when `quads` (width % 4 == 0, values 8-byte aligned), else
-// n = 1. Eight loads are in flight at once; they bypass L1 (__ldcg): the second pass finds
-// the span in L2 either way.
+// Calls visit(i, v, n) for this thread's share of values[0, width), the span read by
+// `threads` threads (a warp, or a block): v[0, n) = values[i, i + n), n = 4 neighbours per
+// 8-byte load when `quads` (width % 4 == 0, values 8-byte aligned), else n = 1. Eight loads
+// are in flight at once; they bypass L1 (__ldcg): the second pass finds the span in L2
+// either way.
 template <typename Visit>
-__device__ void for_each_value(const uint16_t* values, int64_t width, bool quads, int lane, Visit visit) {
+__device__ void for_each_value(const uint16_t* values, int64_t width, bool quads, int thread, int threads,
+                               Visit visit) {
   if (quads) {
 #pragma unroll 8
-    for (int64_t i = 4 * lane; i < width; i += 128) {
+    for (int64_t i = 4 * thread; i < width; i += 4 * threads) {
       float v[4];
       unpack_bf16x4(__ldcg(reinterpret_cast<const uint2*>(values + i)), v);
       visit(i, v, 4);
     }
   } else {
-    for (int64_t i = lane; i < width; i += 32) {
+    for (int64_t i = thread; i < width; i += threads) {
       const float v[4] = {__bfloat162float(__ushort_as_bfloat16(__ldcg(values + i))), 0.0f, 0.0f, 0.0f};
       visit(i, v, 1);
     }
   }
 }
 
-// Whether a warp's span goes by quads of values (for_each_value): widths of whole quads,
-// values and codes aligned to them.
+// Whether a span goes by quads of values (for_each_value): widths of whole quads, values and
+// codes aligned to them.
 __device__ inline bool span_in_quads(const uint16_t* values, const uint8_t* codes, int64_t width) {
   return width % 4 == 0 && reinterpret_cast<uintptr_t>(values) % 8 == 0 && reinterpret_cast<uintptr_t>(codes) % 4 == 0;
 }
 
-// The amax bits of values[0, width), read by one warp (every lane gets it).
-__device__ inline uint32_t span_amax_bits(const uint16_t* values, int64_t width, bool quads, int lane) {
+// The amax bits of values[0, width), read by kSpanThreads threads: a warp (32), or the whole
+// block (its threads all call it, the same number of times). Every one of them gets it.
+template <int kSpanThreads = 32>
+__device__ inline uint32_t span_amax_bits(const uint16_t* values, int64_t width, bool quads, int thread) {
+  static_assert(kSpanThreads % 32 == 0, "a span is read by whole warps");
   uint32_t amax = 0;
-  for_each_value(values, width, quads, lane, [&](int64_t, const float (&v)[4], int n) {
+  for_each_value(values, width, quads, thread, kSpanThreads, [&](int64_t, const float(&v)[4], int n) {
     for (int j = 0; j < n; ++j) amax = max(amax, magnitude_bits(v[j]));
   });
-  return warp_max_bits(amax);
+  amax = warp_max_bits(amax);
+  if constexpr (kSpanThreads > 32) {
+    __shared__ uint32_t warp_amax[kSpanThreads / 32];
+    if (thread % 32 == 0) warp_amax[thread / 32] = amax;
+    __syncthreads();
+    for (int warp = 0; warp < kSpanThreads / 32; ++warp) amax = max(amax, warp_amax[warp]);
+    __syncthreads();  // (read by all before a later span writes it)
+  }
+  return amax;
 }
 
-// One warp writes the codes of values[0, width) under `scale`.
-template <typename Scale>
-__device__ inline void encode_span(const uint16_t* values, uint8_t* codes, int64_t width, bool quads, int lane,
+// kSpanThreads threads write the codes of values[0, width) under `scale`.
+template <int kSpanThreads = 32, typename Scale>
+__device__ inline void encode_span(const uint16_t* values, uint8_t* codes, int64_t width, bool quads, int thread,
                                    const Scale& scale) {
-  for_each_value(values, width, quads, lane, [&](int64_t i, const float (&v)[4], int n) {
+  for_each_value(values, width, quads, thread, kSpanThreads, [&](int64_t i, const float(&v)[4], int n) {
     if (n == 4) {  // i % 4 == 0 and codes 4-byte aligned
       *reinterpret_cast<uint32_t*>(codes + i) = encode_e4m3x4(v, scale);
     } else {

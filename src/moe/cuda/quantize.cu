@@ -40,7 +40,10 @@ __device__ RowPlace place_in_groups(const Fp8Quantize& q, int64_t row) {
   int low = 0, high = g.count - 1;  // the last group whose first row <= row
   while (low < high) {
     const int middle = (low + high + 1) / 2;
-    if (g.offsets[middle] <= row) low = middle; else high = middle - 1;
+    if (g.offsets[middle] <= row)
+      low = middle;
+    else
+      high = middle - 1;
   }
   if (row >= g.offsets[low] + g.counts[low]) return {0, 0, false};  // between the routed slots and the shared
   return {low, low == g.shared_group ? g.shared_cols : q.cols, true};
@@ -128,43 +131,47 @@ __global__ void quantize_groups_kernel(Fp8Quantize q) {
   }
 }
 
-// A warp per row, kWarpsPerBlock rows a block: the row's values in 8-byte loads, eight in
-// flight a lane. (A block a row, 2-byte loads one at a time a thread: the median launch
-// 122.6 us over x's and GEMM1's output's for qwen3-30b-a3b fp8_channel at 16k tokens on an
-// H100, where x is 67 MB; docs/KERNELS.md, thirtieth session.)
-struct RowOfWarp {
-  int64_t row;
-  int lane;
+// kRowThreads threads a row: a warp (kWarpsPerBlock rows a block), or where rows are few (decode
+// sizes: a warp a row would leave most of the GPU idle, each warp's loads in turn) the whole
+// block. The row's values in 8-byte loads, eight in flight a thread. (A block a row, 2-byte
+// loads one at a time a thread: the median launch 122.6 us over x's and GEMM1's output's for
+// qwen3-30b-a3b fp8_channel at 16k tokens on an H100, where x is 67 MB; docs/KERNELS.md,
+// thirtieth session.)
+template <int kRowThreads>
+struct RowOfThreads {
+  static_assert(kThreads % kRowThreads == 0, "whole rows a block");
+  int64_t row = int64_t{blockIdx.x} * (kThreads / kRowThreads) + threadIdx.x / kRowThreads;
+  int thread = static_cast<int>(threadIdx.x % kRowThreads);
 };
-__device__ RowOfWarp row_of_warp() {
-  return {int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32, static_cast<int>(threadIdx.x % 32)};
-}
 
 // Per row: the scale of the row; per tensor over groups: the amax of the row into its group's.
+// (Every exit is taken by all threads of a row: a block's span reduces through __syncthreads.)
+template <int kRowThreads>
 __global__ void quantize_rows_kernel(Fp8Quantize q) {
   allow_successor();
   wait_for_predecessor();
-  const auto [row, lane] = row_of_warp();
+  const auto [row, thread] = RowOfThreads<kRowThreads>{};
   const RowPlace place = place_of(q, row);
   if (!place.used) return;
   const uint16_t* values = q.values + row * q.stride;
   uint8_t* codes = q.codes + row * q.stride;
   const bool quads = span_in_quads(values, codes, place.width);
-  const uint32_t amax = span_amax_bits(values, place.width, quads, lane);
+  const uint32_t amax = span_amax_bits<kRowThreads>(values, place.width, quads, thread);
   if (q.granularity == Fp8Granularity::kPerTensor) {
-    if (lane == 0) atomicMax(q.amax_bits + max(place.group, 0), amax);
+    if (thread == 0) atomicMax(q.amax_bits + max(place.group, 0), amax);
     return;
   }
   const AmaxScale scale(amax);
-  encode_span(values, codes, place.width, quads, lane, scale);
-  if (lane == 0) q.scales[row] = scale.scale;
+  encode_span<kRowThreads>(values, codes, place.width, quads, thread, scale);
+  if (thread == 0) q.scales[row] = scale.scale;
 }
 
 // Per tensor over rows (with or without groups): codes from the static scale or the amax.
+template <int kRowThreads>
 __global__ void tensor_codes_kernel(Fp8Quantize q) {
   allow_successor();
   wait_for_predecessor();
-  const auto [row, lane] = row_of_warp();
+  const auto [row, thread] = RowOfThreads<kRowThreads>{};
   const RowPlace place = place_of(q, row);
   if (!place.used) return;
   const int group = max(place.group, 0);
@@ -172,14 +179,32 @@ __global__ void tensor_codes_kernel(Fp8Quantize q) {
   uint8_t* codes = q.codes + row * q.stride;
   const bool quads = span_in_quads(values, codes, place.width);
   auto write = [&](const auto& scale) {
-    encode_span(values, codes, place.width, quads, lane, scale);
+    encode_span<kRowThreads>(values, codes, place.width, quads, thread, scale);
     const bool first_of_group = q.row_groups.offsets ? row == q.row_groups.offsets[group] : row == 0;
-    if (lane == 0 && first_of_group) q.scales[group] = scale.scale;
+    if (thread == 0 && first_of_group) q.scales[group] = scale.scale;
   };
   if (q.static_scale)
     write(StaticScale{*q.static_scale});
   else
     write(AmaxScale(q.amax_bits[group]));
+}
+
+// The row kernels' launches, a warp a row or a block a row (RowOfThreads).
+template <int kRowThreads>
+cudaError_t launch_row_kernels(const Fp8Quantize& q, cudaStream_t stream, Start start) {
+  const dim3 blocks(static_cast<unsigned>((q.rows * kRowThreads + kThreads - 1) / kThreads));
+  if (q.granularity == Fp8Granularity::kPerRow)
+    return launch_kernel(start, quantize_rows_kernel<kRowThreads>, blocks, dim3(kThreads), 0, stream, q);
+  if (q.static_scale)
+    return launch_kernel(start, tensor_codes_kernel<kRowThreads>, blocks, dim3(kThreads), 0, stream, q);
+  const int groups = q.row_groups.offsets ? q.row_groups.count : 1;
+  if (const cudaError_t e = cudaMemsetAsync(q.amax_bits, 0, groups * sizeof(uint32_t), stream); e != cudaSuccess)
+    return e;
+  if (const cudaError_t e =
+          launch_kernel(start, quantize_rows_kernel<kRowThreads>, blocks, dim3(kThreads), 0, stream, q);
+      e != cudaSuccess)
+    return e;
+  return launch_chained(tensor_codes_kernel<kRowThreads>, blocks, dim3(kThreads), 0, stream, q);
 }
 
 }  // namespace
@@ -192,9 +217,9 @@ cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream, Start
     return cudaErrorInvalidValue;
   if (q.rows == 0) return cudaSuccess;
   static const cudaError_t carveout =
-      prefer_max_shared_memory(quantize_groups_kernel, quantize_rows_kernel, tensor_codes_kernel);
+      prefer_max_shared_memory(quantize_groups_kernel, quantize_rows_kernel<32>, tensor_codes_kernel<32>,
+                               quantize_rows_kernel<kThreads>, tensor_codes_kernel<kThreads>);
   if (carveout != cudaSuccess) return carveout;
-  const dim3 row_blocks(static_cast<unsigned>((q.rows + kWarpsPerBlock - 1) / kWarpsPerBlock));  // a warp a row
   switch (q.granularity) {
     case Fp8Granularity::kPerGroup: {
       // As many blocks as the GPU holds at once, at most a warp a unit.
@@ -212,18 +237,10 @@ cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream, Start
                            stream, q);
     }
     case Fp8Granularity::kPerRow:
-      return launch_kernel(start, quantize_rows_kernel, row_blocks, dim3(kThreads), 0, stream, q);
     case Fp8Granularity::kPerTensor:
-      if (!q.static_scale) {
-        const int groups = q.row_groups.offsets ? q.row_groups.count : 1;
-        if (const cudaError_t e = cudaMemsetAsync(q.amax_bits, 0, groups * sizeof(uint32_t), stream); e != cudaSuccess)
-          return e;
-        if (const cudaError_t e = launch_kernel(start, quantize_rows_kernel, row_blocks, dim3(kThreads), 0, stream, q);
-            e != cudaSuccess)
-          return e;
-        return launch_chained(tensor_codes_kernel, row_blocks, dim3(kThreads), 0, stream, q);
-      }
-      return launch_kernel(start, tensor_codes_kernel, row_blocks, dim3(kThreads), 0, stream, q);
+      // A block a row where a warp a row would give the GPU fewer than 32 warps an SM.
+      return q.rows < int64_t{32} * multiprocessor_count() ? launch_row_kernels<kThreads>(q, stream, start)
+                                                           : launch_row_kernels<32>(q, stream, start);
   }
   return cudaErrorInvalidValue;
 }
