@@ -91,16 +91,20 @@ struct PairExchange {
 // its first stage lands, so no stage waits for the latency of its 130 scattered 4-byte
 // copies (10% of the e4m3 tile's time at 16k tokens); else each stage's with the stage.
 inline constexpr size_t kSharedBudget = 227 * 1024 - 1024 - 512;  // - ring alignment, - static shared
-// The kernels that write bf16 c stage it (write_tile_staged below): every bf16 kernel and the
-// e4m3 GEMM2s. e4m3 GEMM1 writes codes, and its scale slots keep the whole shared memory left
-// (deepseek-v3's 56 K tiles need 60 of the wide tile's 63 to be copied up front).
-template <typename Tile, bool kGated>
-inline constexpr int kStagingBytes = (Tile::kFp8 && kGated) ? 0 : Tile::kConsumerThreads / 32 * Tile::kStagingWarpBytes;
-template <typename Tile, bool kGated>
+// The kernels that write bf16 c stage it (write_tile_staged below): every bf16 kernel, the e4m3
+// GEMM2s, and the e4m3 GEMM1s with epilogue scales (per channel, per tensor), which write bf16
+// for a separate quantisation pass. fp8_block's GEMM1 writes codes, and its scale slots keep
+// the whole shared memory left (deepseek-v3's 56 K tiles need 60 of the wide tile's 63 to be
+// copied up front).
+template <typename Tile, bool kGated, Scales kScales>
+inline constexpr int kStagingBytes =
+    (kGated && kScales == Scales::kPerKTile) ? 0 : Tile::kConsumerThreads / 32 * Tile::kStagingWarpBytes;
+template <typename Tile, bool kGated, Scales kScales>
 __host__ __device__ constexpr int scale_slots() {
+  constexpr int kStaging = kStagingBytes<Tile, kGated, kScales>;
   if (!Tile::kFp8) return 1;
   const size_t left = kSharedBudget - size_t{Tile::kStages} * Tile::kStageBytes - 2 * Tile::kStages * sizeof(uint64_t) -
-                      sizeof(PairExchange) - (kStagingBytes<Tile, kGated> > 0 ? kStagingBytes<Tile, kGated> + 16 : 0);
+                      sizeof(PairExchange) - (kStaging > 0 ? kStaging + 16 : 0);
   return static_cast<int>(left / ((Tile::kRows + 2) * sizeof(float)));  // a slot: A's rows, B's two halves
 }
 
@@ -115,27 +119,29 @@ struct StageControl {
 };
 
 // The staging buffers follow the control block, 16-byte aligned for stmatrix.
-template <typename Tile, bool kGated>
+template <typename Tile, bool kGated, Scales kScales>
 __host__ __device__ constexpr size_t staging_offset() {
-  const size_t control_end =
-      size_t{Tile::kStages} * Tile::kStageBytes + sizeof(StageControl<Tile::kStages, scale_slots<Tile, kGated>()>);
-  return kStagingBytes<Tile, kGated> == 0 ? control_end : (control_end + 15) / 16 * 16;
+  const size_t control_end = size_t{Tile::kStages} * Tile::kStageBytes +
+                             sizeof(StageControl<Tile::kStages, scale_slots<Tile, kGated, kScales>()>);
+  return kStagingBytes<Tile, kGated, kScales> == 0 ? control_end : (control_end + 15) / 16 * 16;
 }
-template <typename Tile, bool kGated>
+template <typename Tile, bool kGated, Scales kScales>
 constexpr size_t specialized_shared_bytes() {
-  return 1024 + staging_offset<Tile, kGated>() + kStagingBytes<Tile, kGated>;
+  return 1024 + staging_offset<Tile, kGated, kScales>() + kStagingBytes<Tile, kGated, kScales>;
 }
-// Both GEMMs' kernels of a tile fit, e4m3 with a scale slot for each stage at least.
-template <typename Tile>
+// Both GEMMs' kernels of a tile fit, fp8_block's with a scale slot for each stage at least.
+template <typename Tile, Scales kScales>
 constexpr bool fits() {
-  return specialized_shared_bytes<Tile, true>() <= kSharedBudget + 1024 &&
-         specialized_shared_bytes<Tile, false>() <= kSharedBudget + 1024 &&
-         (!Tile::kFp8 || (scale_slots<Tile, true>() >= Tile::kStages && scale_slots<Tile, false>() >= Tile::kStages));
+  return specialized_shared_bytes<Tile, true, kScales>() <= kSharedBudget + 1024 &&
+         specialized_shared_bytes<Tile, false, kScales>() <= kSharedBudget + 1024 &&
+         (kScales != Scales::kPerKTile ||
+          (scale_slots<Tile, true, kScales>() >= Tile::kStages && scale_slots<Tile, false, kScales>() >= Tile::kStages));
 }
-static_assert(fits<Fp8Tile>() && fits<Fp8NarrowTile>() && fits<Bf16Tile>() && fits<Bf16MidTile>() &&
-              fits<Bf16NarrowTile>());
+static_assert(fits<Fp8Tile, Scales::kPerKTile>() && fits<Fp8NarrowTile, Scales::kPerKTile>() &&
+              fits<Fp8NarrowTile, Scales::kEpilogue>() && fits<Bf16Tile, Scales::kNone>() &&
+              fits<Bf16MidTile, Scales::kNone>() && fits<Bf16NarrowTile, Scales::kNone>());
 // One CTA an SM, whatever the width (specialized_tile_cols counts waves of one CTA an SM).
-static_assert(2 * specialized_shared_bytes<Bf16NarrowTile, false>() > kSharedBudget);
+static_assert(2 * specialized_shared_bytes<Bf16NarrowTile, false, Scales::kNone>() > kSharedBudget);
 
 __device__ inline void barrier_init(uint64_t* barrier, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(count));
@@ -345,9 +351,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   constexpr bool kPerKTile = kScales == Scales::kPerKTile;
   extern __shared__ __align__(128) uint8_t shared_raw[];
   uint8_t* ring = aligned_tiles(shared_raw);
-  constexpr int kScaleSlots = scale_slots<Tile, kGated>();
+  constexpr int kScaleSlots = scale_slots<Tile, kGated, kScales>();
   auto& control = *reinterpret_cast<StageControl<kStages, kScaleSlots>*>(ring + kStages * Tile::kStageBytes);
-  [[maybe_unused]] uint8_t* const staging_base = ring + staging_offset<Tile, kGated>();
+  [[maybe_unused]] uint8_t* const staging_base = ring + staging_offset<Tile, kGated, kScales>();
   int32_t* const row_tile_columns = groups.row_tile_columns;
   if (row_tile_columns == nullptr) {
     allow_successor();
@@ -766,10 +772,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     };
     if constexpr (kScales == Scales::kEpilogue) scale_accumulator();
     auto write_c = [&](auto activate_gate) {
-      if constexpr ((kStagingBytes<Tile, kGated>) > 0)
-        write_tile_staged(groups.c, activate_gate);
-      else
-        write_tile(groups.c, activate_gate);
+      // (An e4m3 GEMM1 that quantises in its epilogue keeps the fragments: write_tile leaves
+      // the bf16-rounded values in the accumulator for quantize_outputs.)
+      if constexpr ((kStagingBytes<Tile, kGated, kScales>) > 0)
+        if (!kQuantizes || !groups.quantize.codes) return write_tile_staged(groups.c, activate_gate);
+      write_tile(groups.c, activate_gate);
     };
     if constexpr (kGated) {  // GEMM1 writes whole rows (no split K)
       if (activation == Activation::kSilu)
@@ -858,7 +865,7 @@ cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layou
                                Activation activation, cudaStream_t stream) {
   constexpr bool kFp8 = Tile::kFp8;
   auto* kernel = specialized_gemm_kernel<Tile, kGated, kScales>;
-  constexpr size_t kSharedBytes = specialized_shared_bytes<Tile, kGated>();
+  constexpr size_t kSharedBytes = specialized_shared_bytes<Tile, kGated, kScales>();
   static const cudaError_t attribute_error = [&] {
     const cudaError_t error =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes));
