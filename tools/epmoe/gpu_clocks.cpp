@@ -93,7 +93,7 @@ std::optional<ClockReading> summarize(const std::vector<ClockSample>& samples) {
   int capped = 0;
   for (const ClockSample& s : samples) {
     mhz.push_back(s.sm_mhz);
-    watts.push_back(s.milliwatts * 1e-3);
+    watts.push_back(s.milliwatts / 1000.0);  // (correctly rounded, where * 1e-3 is not)
     capped += s.power_capped ? 1 : 0;
   }
   ClockReading reading;
