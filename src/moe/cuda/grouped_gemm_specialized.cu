@@ -836,30 +836,6 @@ cudaError_t weight_tensor_map(CUtensorMap& map, const void* weights, int64_t exp
   return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// How many CTAs of `kernel` the GPU holds at once, in clusters of `cluster`.
-template <typename Kernel>
-std::pair<cudaError_t, int64_t> resident_ctas(Kernel* kernel, unsigned threads, size_t shared_bytes, unsigned cluster) {
-  if (cluster == 1) {
-    int per_multiprocessor = 0;
-    cudaError_t error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, threads, shared_bytes);
-    if (error == cudaSuccess && per_multiprocessor == 0) error = cudaErrorInvalidConfiguration;
-    return {error, int64_t{per_multiprocessor} * multiprocessor_count()};
-  }
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim = {cluster, 1, 1};
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(cluster);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = shared_bytes;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  int clusters = 0;
-  const cudaError_t error = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-  if (error == cudaSuccess && clusters == 0) return {cudaErrorInvalidConfiguration, 0};
-  return {error, int64_t{clusters} * cluster};
-}
-
 template <typename Tile, bool kGated, Scales kScales>
 cudaError_t launch_specialized(const GemmGroups& groups, const PairLayout& layout, int64_t max_tiles,
                                Activation activation, cudaStream_t stream) {

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <initializer_list>
 #include <utility>
 
@@ -67,6 +68,35 @@ template <typename... Params, typename... Args>
 cudaError_t launch_kernel(Start start, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
                           cudaStream_t stream, Args&&... args) {
   return launch_kernel_in_clusters(start, 1, kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
+}
+
+// The SMs of the current device (132 where the query fails: a tuning input only).
+int multiprocessor_count();
+
+// How many CTAs of `kernel` the GPU holds at once, in clusters of `cluster` (for grids of
+// resident CTAs that walk the work themselves).
+template <typename Kernel>
+std::pair<cudaError_t, int64_t> resident_ctas(Kernel* kernel, unsigned threads, size_t shared_bytes, unsigned cluster) {
+  if (cluster == 1) {
+    int per_multiprocessor = 0;
+    cudaError_t error =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, threads, shared_bytes);
+    if (error == cudaSuccess && per_multiprocessor == 0) error = cudaErrorInvalidConfiguration;
+    return {error, int64_t{per_multiprocessor} * multiprocessor_count()};
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim = {cluster, 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(cluster);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  const cudaError_t error = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  if (error == cudaSuccess && clusters == 0) return {cudaErrorInvalidConfiguration, 0};
+  return {error, int64_t{clusters} * cluster};
 }
 
 template <typename... Params, typename... Args>

@@ -208,8 +208,6 @@ int specialized_tile_cols(bool fp8, bool gated, int64_t likely_tiles, int64_t ou
 // fit one an SM, else 8; e4m3 6 (carrying their K tile's scales) where they fit three an SM,
 // else 5.
 int choose_decode_stages(bool fp8, int64_t likely_ctas);
-// The SMs of the current device (132 where the query fails: a tuning input only).
-int multiprocessor_count();
 // The tile height launch_grouped_gemm works best with for groups of this many rows.
 int choose_tile_rows(int64_t rows_per_group);
 // The decode tile's height: the one tile whose GEMM1 starts the shared group's tiles early.

@@ -223,12 +223,7 @@ cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream, Start
   switch (q.granularity) {
     case Fp8Granularity::kPerGroup: {
       // As many blocks as the GPU holds at once, at most a warp a unit.
-      static const std::pair<cudaError_t, int> resident = [] {
-        int per_multiprocessor = 0;
-        const cudaError_t error =
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, quantize_groups_kernel, kThreads, 0);
-        return std::pair{error, per_multiprocessor * multiprocessor_count()};
-      }();
+      static const std::pair<cudaError_t, int64_t> resident = resident_ctas(quantize_groups_kernel, kThreads, 0, 1);
       if (resident.first != cudaSuccess) return resident.first;
       const int64_t units_per_row = ((q.stride + q.group - 1) / q.group + kGroupsPerWarp - 1) / kGroupsPerWarp;
       const int64_t units = q.rows * units_per_row;
