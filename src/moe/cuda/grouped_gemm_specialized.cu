@@ -138,8 +138,9 @@ constexpr bool fits() {
           (scale_slots<Tile, true, kScales>() >= Tile::kStages && scale_slots<Tile, false, kScales>() >= Tile::kStages));
 }
 static_assert(fits<Fp8Tile, Scales::kPerKTile>() && fits<Fp8NarrowTile, Scales::kPerKTile>() &&
-              fits<Fp8NarrowTile, Scales::kEpilogue>() && fits<Bf16Tile, Scales::kNone>() &&
-              fits<Bf16MidTile, Scales::kNone>() && fits<Bf16NarrowTile, Scales::kNone>());
+              fits<Fp8Tile, Scales::kEpilogue>() && fits<Fp8NarrowTile, Scales::kEpilogue>() &&
+              fits<Bf16Tile, Scales::kNone>() && fits<Bf16MidTile, Scales::kNone>() &&
+              fits<Bf16NarrowTile, Scales::kNone>());
 // One CTA an SM, whatever the width (specialized_tile_cols counts waves of one CTA an SM).
 static_assert(2 * specialized_shared_bytes<Bf16NarrowTile, false, Scales::kNone>() > kSharedBudget);
 
@@ -742,11 +743,14 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     };
     // Per-channel and per-tensor scales (constant along K) times the accumulator, in place and
     // once, before either writer reads it: each weight row's scale is loaded once for both of
-    // the thread's rows, at an index without a division (ScaleGrid). (Applied per element in
-    // the writer, with a 64-bit division per index, the epilogue took e4m3 GEMM2 of
-    // qwen3-30b-a3b fp8_channel at 16k tokens to 3.1x fp8_block's time on an H100;
-    // docs/KERNELS.md, thirtieth session.) Rows past the group and columns past the output are
-    // never written: their scales are not read.
+    // the thread's rows. (Applied per element in the writer, with a 64-bit division per index,
+    // the epilogue took e4m3 GEMM2 of qwen3-30b-a3b fp8_channel at 16k tokens to 3.1x
+    // fp8_block's time on an H100; docs/KERNELS.md, thirtieth session.) Every scale is loaded
+    // before any product: a load beside its use, behind scale_index's branch, waited out L2's
+    // latency 32 times a thread in turn (thirty-first session). Where block_n is 1 (per
+    // channel, per tensor: weight_grid) a column's scale lies row_stride on from the side's
+    // first, so no index takes scale_index's division path. Rows past the group and columns
+    // past the output are never written: their scales are not read.
     auto scale_accumulator = [&] {
       float a_scale[2];
 #pragma unroll
@@ -756,19 +760,40 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                          : 0.0f;
       const int b_group = shared ? 0 : group;
       constexpr int kSides = kGated ? 2 : 1;  // gated: the gate rows, then the up rows
+      // 32 scales in flight at a time: the narrow tile's all at once, the wide tile's in two
+      // rounds of half its columns (all 64 beside its accumulator spilled 456 bytes on GEMM1).
+      constexpr int kChunkBlocks = kOutBlocks < 16 / kSides ? kOutBlocks : 16 / kSides;
+      int32_t first_index[kSides];  // where block_n is 1
 #pragma unroll
-      for (int side = 0; side < kSides; ++side)
+      for (int side = 0; side < kSides; ++side) first_index[side] = scale_index(b_scales, b_rows[side], b_group);
 #pragma unroll
-        for (int j = 0; j < kOutBlocks; ++j)
+      for (int chunk = 0; chunk < kOutBlocks; chunk += kChunkBlocks) {
+        float b_scale[kSides][kChunkBlocks][2];
+        auto load_b_scales = [&](auto index_of) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int column = j * 8 + (lane % 4) * 2 + e;  // in the tile
-            const float b_scale = first_col + column < out_cols
-                                      ? b_scales.scales[scale_index(b_scales, b_rows[side] + column, b_group)]
-                                      : 0.0f;
+          for (int side = 0; side < kSides; ++side)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) acc[side * kOutBlocks + j][2 * h + e] *= a_scale[h] * b_scale;
-          }
+            for (int j = 0; j < kChunkBlocks; ++j)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int column = (chunk + j) * 8 + (lane % 4) * 2 + e;  // in the tile
+                b_scale[side][j][e] = first_col + column < out_cols ? b_scales.scales[index_of(side, column)] : 0.0f;
+              }
+        };
+        if (b_scales.block_n == 1)
+          load_b_scales([&](int side, int column) { return first_index[side] + column * b_scales.row_stride; });
+        else
+          load_b_scales([&](int side, int column) { return scale_index(b_scales, b_rows[side] + column, b_group); });
+#pragma unroll
+        for (int side = 0; side < kSides; ++side)
+#pragma unroll
+          for (int j = 0; j < kChunkBlocks; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                acc[side * kOutBlocks + chunk + j][2 * h + e] *= a_scale[h] * b_scale[side][j][e];
+      }
     };
     if constexpr (kScales == Scales::kEpilogue) scale_accumulator();
     auto write_c = [&](auto activate_gate) {
@@ -943,11 +968,14 @@ cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& 
     return cols == Bf16MidTile::kCols ? with_tile.template operator()<Bf16MidTile, Scales::kNone>()
                                       : by_width.template operator()<Bf16NarrowTile, Bf16Tile, Scales::kNone>();
   const bool scales_along_k = groups.a_routed_scale.k_stride != 0 || groups.b_routed_scale.k_stride != 0;
-  // Scales in the epilogue (per channel, per tensor) stay narrow: its scale per column made the
-  // wide tile's epilogue cost more than its K loop saved (fp8_channel, ep=8: +3 to +6% at
-  // T=1024-4096, -4% only at T=16384 for deepseek-v3 and mixtral-8x7b).
+  // Scales in the epilogue (per channel, per tensor) take either width too: with the scales
+  // loaded first, the wide tile beat the narrow one at ep=8, T=4096-16384, on deepseek-v3 and
+  // qwen3-235b-a22b by 3-10 points (fp8_channel -22 to -27% against the narrow tile as it
+  // was, fp8_tensor -12 to -18%) and tied on qwen3-30b-a3b (H200, docs/KERNELS.md,
+  // thirty-third session). (It had lost 2.6-6.0% in the tenth session, when the epilogue
+  // loaded each of its 64 scales a thread beside its use.)
   return scales_along_k ? by_width.template operator()<Fp8NarrowTile, Fp8Tile, Scales::kPerKTile>()
-                        : with_tile.template operator()<Fp8NarrowTile, Scales::kEpilogue>();
+                        : by_width.template operator()<Fp8NarrowTile, Fp8Tile, Scales::kEpilogue>();
 }
 
 }  // namespace epmoe::cuda
