@@ -312,7 +312,10 @@ TEST(TileSchedule, GemmRoutesForItselfOnlyWhereMeasuredFaster) {
            Case{"mixtral-8x7b fp8_block T=1", 1, 2, 8, 1, 0, 14336, fp8, false, true},
            Case{"E = 512 from logits (past the experts)", 1, 8, 512, 64, 0, 768, bf16, false, false},
            Case{"router weight on the input", 1, 1, 16, 2, 8192, 8192, bf16, true, false},
-           Case{"fp8_channel", 1, 8, 128, 16, 0, 768, QuantScheme::kFp8Channel, false, false},
+           Case{"qwen3-30b-a3b fp8_channel T=1", 1, 8, 128, 16, 0, 768, QuantScheme::kFp8Channel, false, true},
+           Case{"deepseek-v3 fp8_tensor T=4", 4, 8, 256, 32, 2048, 2048, QuantScheme::kFp8Tensor, false, true},
+           Case{"deepseek-v3 fp8_channel T=5 (past the tokens)", 5, 8, 256, 32, 2048, 2048, QuantScheme::kFp8Channel,
+                false, false},
        }) {
     const cuda::TilePlan plan =
         cuda::plan_tiles(c.tokens, c.top_k, c.experts, c.local, c.shared_intermediate, 4096, c.intermediate);

@@ -584,20 +584,33 @@ Outputs run_with_precomputed_routing(MoeCase host, IdOf id_of, const std::string
   return {first, cpu_output(host)};
 }
 
-// Decode steps of up to 4 tokens on fp8_block and 2 on bf16 (cuda::kMaxSelfRoutedTokens,
-// Bf16), where GEMM1 routes, maps and sorts them itself (cuda::SelfRouting) and writes the
-// layout GEMM2 and the combine read (e4m3: GEMM2 reads it once flagged out), and past the
-// limits, where the route and the sort run (T = 16, E = 512): every routing kind, on 4 and 8
-// experts a lane (E = 128, 256), with an expert map (ranks 0 and 5 of 8; rank 0 holds the
-// shared expert, beside which bf16 takes the route and the sort), in bf16, and in fp8_block at
-// E = 256 on rank 5; precomputed ids, one expert taking half
-// the pairs; at I = 2048 (64 column tiles) a few routed lanes, each taking several row tiles.
+// Decode steps of up to 4 tokens on e4m3 and 2 on bf16 (cuda::kMaxSelfRoutedTokens, Bf16),
+// where GEMM1 routes, maps and sorts them itself (cuda::SelfRouting) and writes the layout
+// GEMM2 and the combine read (e4m3 with the hand-over: GEMM2 reads it once flagged out), and
+// past the limits, where the route and the sort run (T = 16, E = 512): every routing kind, on
+// 4 and 8 experts a lane (E = 128, 256), with an expert map (ranks 0 and 5 of 8; rank 0 holds
+// the shared expert, beside which bf16 takes the route and the sort), in bf16, and at E = 256
+// in each e4m3 scheme (a routing kind each, another on each rank): fp8_block and the
+// checkpoint's static per-tensor scales hand over by row tile, per token and the dynamic
+// per-tensor scale quantise GEMM1's output in a pass of their own; precomputed ids, one expert
+// taking half the pairs; at I = 2048 (64 column tiles) a few routed lanes, each taking several
+// row tiles.
 TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
+  struct Fp8Scheme {
+    QuantScheme scheme;
+    bool static_scales;
+  };
+  const Fp8Scheme fp8_schemes[] = {{QuantScheme::kFp8Block, false},
+                                   {QuantScheme::kFp8Channel, false},
+                                   {QuantScheme::kFp8Tensor, false},
+                                   {QuantScheme::kFp8Tensor, true}};
+  const RoutingKind kinds[] = {RoutingKind::kSoftmaxTopk, RoutingKind::kTopkSoftmax, RoutingKind::kSigmoidTopk,
+                               RoutingKind::kGroupedTopk};
   for (int64_t tokens : {1, 2, 4, 16}) {
     for (int experts : {128, 256, 512})
-      for (RoutingKind kind : {RoutingKind::kSoftmaxTopk, RoutingKind::kTopkSoftmax, RoutingKind::kSigmoidTopk,
-                               RoutingKind::kGroupedTopk})
+      for (int kind_index = 0; kind_index < 4; ++kind_index)
         for (int rank : {0, 5}) {
+          const RoutingKind kind = kinds[kind_index];
           RandomCaseOptions options = preset_options(*find_preset("deepseek-v3"), tokens, false, 8, rank);
           options.spec.routing = {.kind = kind, .num_experts = experts, .top_k = 8, .renormalize = rank == 0,
                                   .score_func = rank == 0 ? ScoreFunc::kSigmoid : ScoreFunc::kSoftmax, .n_group = 8,
@@ -606,18 +619,20 @@ TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
           const std::string what = std::string(routing_kind_name(kind)) + " E " + std::to_string(experts) + " T " +
                                    std::to_string(tokens) + " rank " + std::to_string(rank);
           expect_gpu_matches_cpu(options, what, 1e-2);
-          // fp8_block (pooled draws, so fewer cases): at T = 1 GpuFp8VsCpu has every preset.
-          if (tokens == 1 || experts != 256 || rank != 5) continue;
+          // e4m3 (pooled draws, so fewer cases): at T = 1 GpuFp8VsCpu has every preset.
+          if (tokens == 1 || experts != 256) continue;
+          const Fp8Scheme fp8 = fp8_schemes[(kind_index + (rank == 0 ? 1 : 0)) % 4];
           expect_fp8_matches_over_draws(
               tokens,
               [&] {
-                RandomCaseOptions fp8 = options;
-                fp8.spec.quant.scheme = QuantScheme::kFp8Block;
-                fp8.intermediate = 256;
-                fp8.seed = fresh_seed();
-                return fp8;
+                RandomCaseOptions drawn = options;
+                drawn.spec.quant.scheme = fp8.scheme;
+                drawn.static_activation_scales = fp8.static_scales;
+                drawn.intermediate = 256;
+                drawn.seed = fresh_seed();
+                return drawn;
               },
-              what + " fp8_block");
+              what + " " + std::string(quant_scheme_name(fp8.scheme)) + (fp8.static_scales ? " static" : ""));
         }
     // qwen3-30b-a3b rank 0 of 8 holds experts 0..15: expert 5 in half the choices, the rest
     // anywhere (repeats within a token included).

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -43,6 +44,7 @@ struct Quantized {
 
 // group > 0: per row and group (group = cols: per row); 0: per tensor (static_scale when
 // not NaN). slot_of_pair (rows x top_k, when not empty): only the rows with a slot there.
+// Every launch also zeroes counters (Fp8Quantize::zero), more than its grid has threads.
 Quantized on_gpu(const std::vector<uint16_t>& values, int64_t cols, int64_t group, float static_scale,
                  const std::vector<int32_t>& slot_of_pair = {}, int top_k = 0) {
   const int64_t rows = static_cast<int64_t>(values.size()) / cols;
@@ -73,8 +75,16 @@ Quantized on_gpu(const std::vector<uint16_t>& values, int64_t cols, int64_t grou
     q.slot_of_pair = static_cast<const int32_t*>(d_slots.data());
     q.top_k = top_k;
   }
+  constexpr int64_t kCounters = 300007;
+  DeviceBuffer d_counters = DeviceBuffer::allocate(kCounters * 4).value();
+  EXPECT_EQ(cudaMemset(d_counters.data(), 0x7f, kCounters * 4), cudaSuccess);
+  q.zero = static_cast<int32_t*>(d_counters.data());
+  q.zero_count = kCounters;
   EXPECT_EQ(cuda::launch_quantize_fp8(q, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<int32_t> counters(kCounters);
+  EXPECT_EQ(cudaMemcpy(counters.data(), d_counters.data(), kCounters * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(std::count(counters.begin(), counters.end(), 0), kCounters) << "counters zeroed";
   Quantized out{std::vector<uint8_t>(values.size()), std::vector<float>(scale_count)};
   EXPECT_EQ(cudaMemcpy(out.codes.data(), d_codes.data(), values.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(out.scales.data(), scales, scale_count * 4, cudaMemcpyDeviceToHost), cudaSuccess);

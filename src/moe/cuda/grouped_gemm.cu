@@ -160,11 +160,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
     grouped_gemm_kernel(GemmGroups groups, PairLayout layout, Activation activation) {
   constexpr size_t kRouteScratchBytes =
       Cfg::kThreads / 32 * routing::route_scratch_floats(kMaxSelfRoutedExperts) * sizeof(float);
-  static_assert(!kSelfRoutes || (kGated && kScales != Scales::kEpilogue && Cfg::kRows == kDecodeTileRows &&
-                                 Cfg::kThreads >= kMaxSelfRoutedPairs &&
+  static_assert(!kSelfRoutes || (kGated && Cfg::kRows == kDecodeTileRows && Cfg::kThreads >= kMaxSelfRoutedPairs &&
                                  Cfg::kStages * Cfg::kStageBytes >= kRouteScratchBytes),
-                "self-routing: GEMM1 (bf16, fp8_block) on the decode tile, a thread per pair, the routing's scratch "
-                "in the ring");
+                "self-routing: GEMM1 on the decode tile, a thread per pair, the routing's scratch in the ring");
   constexpr bool kFp8 = kScales != Scales::kNone;
   using Op = Operand<kFp8>;
   extern __shared__ __align__(128) uint8_t shared_raw[];
@@ -769,14 +767,16 @@ double expected_tiles_per_expert(int64_t tokens, double pick, int tile_rows) {
 
 bool routes_in_gemm1(const TilePlan& plan, int64_t tokens, int64_t top_k, int64_t routed_experts, int64_t out_cols,
                      QuantScheme scheme, bool router_weight_on_input) {
-  const bool fp8 = scheme == QuantScheme::kFp8Block;
-  if ((!fp8 && scheme != QuantScheme::kBf16) || router_weight_on_input || plan.tile_rows != kDecodeTileRows ||
-      plan.shared_tiles > 0 || tokens * top_k > kMaxSelfRoutedPairs || routed_experts > kMaxSelfRoutedExperts)
+  const bool fp8 = is_fp8(scheme);
+  if (router_weight_on_input || plan.tile_rows != kDecodeTileRows || plan.shared_tiles > 0 ||
+      tokens * top_k > kMaxSelfRoutedPairs || routed_experts > kMaxSelfRoutedExperts)
     return false;
   // Measured against the route and the sort (ep=8, one H100, docs/KERNELS.md, nineteenth
   // session): e4m3 -3 to -18% at T = 1-4; bf16 -3 to -8% at T = 1-2 but +1.3 to +2.3% at
-  // T = 4. Up to 16 tokens (a warp routing four in turn) lost 8-68% at T = 4-16, even with one
-  // token a warp at T = 4: the larger routing code slowed the GEMM it sits in.
+  // T = 4. Per channel and per tensor (H200, thirty-third session): -12 to -17% at T = 1,
+  // deepseek-v3 -8% at T = 4, the qwen3 presets within -3.4 / +0.8% there. Up to 16 tokens (a warp routing four in
+  // turn) lost 8-68% at T = 4-16, even with one token a warp at T = 4: the larger routing code slowed the GEMM it sits
+  // in.
   if (tokens > (fp8 ? kMaxSelfRoutedTokens : kMaxSelfRoutedTokensBf16)) return false;
   // bf16 beside a shared expert's early CTAs: the route and the sort ahead of GEMM1 measured
   // faster on the H200 (deepseek-v3 T = 1 / 2 -3.8 / -2.8%; twenty-first session), where the
@@ -856,13 +856,13 @@ cudaError_t launch_grouped_gemm(const GemmGroups& groups, const PairLayout& layo
   if (max_tiles == 0) return cudaSuccess;
   const bool scales_along_k = groups.a_routed_scale.k_stride != 0 || groups.b_routed_scale.k_stride != 0;
   auto with_scales = [&]<typename Cfg, Scales kScales>() {
-    if constexpr (Cfg::kRows == kDecodeTileRows && kScales != Scales::kEpilogue) {
+    if constexpr (Cfg::kRows == kDecodeTileRows) {
       if (groups.self_routing.enabled) {
         if (!gated) return cudaErrorInvalidValue;  // GEMM1 alone routes (routes_in_gemm1)
         return launch_config<Cfg, true, kScales, true>(groups, layout, max_tiles, activation, stream);
       }
     }
-    if (groups.self_routing.enabled) return cudaErrorInvalidValue;  // bf16 or fp8_block on the decode tile only
+    if (groups.self_routing.enabled) return cudaErrorInvalidValue;  // on the decode tile only
     return gated ? launch_config<Cfg, true, kScales>(groups, layout, max_tiles, activation, stream)
                  : launch_config<Cfg, false, kScales>(groups, layout, max_tiles, activation, stream);
   };

@@ -228,11 +228,10 @@ inline bool hands_over_by_row_tile(const TilePlan& plan, bool fp8) {
 // Whether GEMM1 routes for itself (SelfRouting), grouped_gemm.cu: on the decode tile, up to
 // kMaxSelfRoutedTokens tokens (bf16 kMaxSelfRoutedTokensBf16, and no shared expert), kMaxSelfRoutedPairs pairs and,
 // routing from logits, kMaxSelfRoutedExperts experts (routed_experts; 0: precomputed ids);
-// bf16 or fp8_block (x quantised first, which also zeroes the counters: the quantiser zeroes
-// them on per-group scales only); the shared group (if any) in the main list (its tiles then
-// start early, GemmGroups::early_shared_tiles); no router weight on the input (its scaling
-// pass needs the weights before GEMM1); and the early CTAs with one routed lane, over GEMM1's
-// out_cols output columns, held by the SMs at once.
+// any scheme (e4m3: x quantised first, which also zeroes the counters); the shared group (if
+// any) in the main list (its tiles then start early, GemmGroups::early_shared_tiles); no
+// router weight on the input (its scaling pass needs the weights before GEMM1); and the early
+// CTAs with one routed lane, over GEMM1's out_cols output columns, held by the SMs at once.
 bool routes_in_gemm1(const TilePlan& plan, int64_t tokens, int64_t top_k, int64_t routed_experts, int64_t out_cols,
                      QuantScheme scheme, bool router_weight_on_input);
 // How many ways GEMM2 splits K: where its CTAs (expected_row_tiles x the column tiles of
@@ -301,8 +300,8 @@ struct Fp8Quantize {
   const float* static_scale = nullptr;
   uint32_t* amax_bits = nullptr;
   RowGroups row_groups;
-  // Counters this launch zeroes, per group only (GEMM1's arrivals, where x's quantisation is
-  // the call's first kernel: moe_forward.cu, the early shared tiles on fp8).
+  // Counters this launch zeroes (GEMM1's arrivals, where x's quantisation is the call's first
+  // kernel: moe_forward.cu, the early shared tiles on fp8_block and GEMM1's own routing).
   int32_t* zero = nullptr;
   int64_t zero_count = 0;
   // Where set (x for the routed experts, per group or per row, without row_groups): row t is

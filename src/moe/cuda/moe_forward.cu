@@ -287,15 +287,15 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   // early CTA arrives. Only the decode tile (16 rows) starts tiles early; elsewhere the x
   // quantisation first cost 2.3% (deepseek-v3 fp8_block T=64, docs/KERNELS.md).
   // A decode step of a few tokens: GEMM1 routes, maps and sorts them itself (SelfRouting), in
-  // place of the route and the sort; on fp8_block after x's quantisation, which then zeroes
-  // the counters, and its early CTAs wait for it.
+  // place of the route and the sort, its shared tiles (if any) early; on e4m3 after x's
+  // quantisation, which then zeroes the counters, and all its CTAs wait for it.
   const int64_t widest = std::max(s.intermediate, s.shared_intermediate);
   const bool self_routes =
       cuda::routes_in_gemm1(layout.tiles, s.tokens, s.top_k, inputs.router_logits ? s.num_experts : 0, widest,
                             spec.quant.scheme, spec.apply_router_weight_on_input);
   const bool shared_early =
       shared && layout.tiles.shared_main_tiles > 0 && layout.tiles.tile_rows == cuda::kDecodeTileRows &&
-      (!fp8 || (spec.quant.scheme == QuantScheme::kFp8Block && (inputs.router_logits.has_value() || self_routes)));
+      (!fp8 || self_routes || (spec.quant.scheme == QuantScheme::kFp8Block && inputs.router_logits.has_value()));
   const bool quantize_x_first = fp8 && (shared_early || self_routes);
   // x itself quantised: into the shared experts' buffers where the routed rows take x times
   // the router weight, else into the one set both take.
@@ -346,6 +346,9 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
       weights.intermediate_scale ? weights.intermediate_scale->data_as<float>() : nullptr;
   const bool fuse_quantize = spec.quant.scheme == QuantScheme::kFp8Block ||
                              (spec.quant.scheme == QuantScheme::kFp8Tensor && intermediate_static_scale != nullptr);
+  // (GEMM2's rows of a row tile are complete once GEMM1's items of it are, unless a separate
+  // quantisation pass comes between.)
+  int32_t* const row_tile_columns = !fp8 || fuse_quantize ? layout.row_tile_columns : nullptr;
   const int groups = static_cast<int>(s.num_local_experts) + (shared ? 1 : 0);
   cuda::GemmGroups gemm1{};
   gemm1.a_routed = routed_input;
@@ -379,7 +382,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
     routing.num_experts = static_cast<int>(s.num_experts);
     routing.top_k = static_cast<int>(s.top_k);
     routing.tokens = static_cast<int>(s.tokens);
-    routing.published = layout.layout_published;  // null without the hand-over
+    routing.published = row_tile_columns ? layout.layout_published : nullptr;  // with the hand-over only
   }
   gemm1.c = layout.intermediate;
   gemm1.c_stride = widest;
@@ -422,9 +425,6 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
       q.bf16_copy = false;  // GEMM2 reads the codes
     }
   }
-  // (GEMM2's rows of a row tile are complete once GEMM1's items of it are, unless a separate
-  // quantisation pass comes between.)
-  int32_t* const row_tile_columns = !fp8 || fuse_quantize ? layout.row_tile_columns : nullptr;
   gemm1.row_tile_columns = row_tile_columns;
   CUDA_CHECK(launch_tile_lists(gemm1, layout, /*gated=*/true, spec.activation, stream));
 
@@ -444,7 +444,7 @@ Status moe_forward_cuda(const MoeSpec& spec, const MoeWeights& weights, const Mo
   gemm2.c = layout.pair_out;
   gemm2.c_stride = s.hidden;
   gemm2.row_tile_columns = row_tile_columns;
-  if (self_routes) gemm2.layout_published = layout.layout_published;
+  gemm2.layout_published = gemm1.self_routing.published;
   // With the hand-over, the decode tile's GEMM2 takes the shared group's tiles first too.
   if (row_tile_columns && layout.tiles.tile_rows == cuda::kDecodeTileRows)
     gemm2.early_shared_tiles = static_cast<int>(layout.tiles.shared_main_tiles);

@@ -76,11 +76,17 @@ __device__ RowPlace place_of(const Fp8Quantize& q, int64_t row) {
 constexpr int kGroupsPerHalfWarp = 2;
 constexpr int kGroupsPerWarp = 2 * kGroupsPerHalfWarp;
 
+// Fp8Quantize::zero, by the grid of the launch's first kernel, before any of its threads leaves.
+__device__ void zero_counters(const Fp8Quantize& q) {
+  const int64_t threads = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < q.zero_count; i += threads) q.zero[i] = 0;
+}
+
 __global__ void quantize_groups_kernel(Fp8Quantize q) {
   allow_successor();
   wait_for_predecessor();
+  zero_counters(q);
   const int64_t threads = int64_t{gridDim.x} * kThreads;
-  for (int64_t i = blockIdx.x * kThreads + threadIdx.x; i < q.zero_count; i += threads) q.zero[i] = 0;
   const int lane = threadIdx.x % 32;
   const int64_t scales_per_row = (q.stride + q.group - 1) / q.group;
   const int64_t units_per_row = (scales_per_row + kGroupsPerWarp - 1) / kGroupsPerWarp;
@@ -150,6 +156,7 @@ template <int kRowThreads>
 __global__ void quantize_rows_kernel(Fp8Quantize q) {
   allow_successor();
   wait_for_predecessor();
+  zero_counters(q);
   const auto [row, thread] = RowOfThreads<kRowThreads>{};
   const RowPlace place = place_of(q, row);
   if (!place.used) return;
@@ -171,6 +178,7 @@ template <int kRowThreads>
 __global__ void tensor_codes_kernel(Fp8Quantize q) {
   allow_successor();
   wait_for_predecessor();
+  if (q.static_scale) zero_counters(q);  // (else the amax kernel before it did)
   const auto [row, thread] = RowOfThreads<kRowThreads>{};
   const RowPlace place = place_of(q, row);
   if (!place.used) return;
@@ -210,7 +218,6 @@ cudaError_t launch_row_kernels(const Fp8Quantize& q, cudaStream_t stream, Start 
 }  // namespace
 
 cudaError_t launch_quantize_fp8(const Fp8Quantize& q, cudaStream_t stream, Start start) {
-  if (q.zero_count > 0 && q.granularity != Fp8Granularity::kPerGroup) return cudaErrorInvalidValue;
   // Rows left alone would change a per-tensor amax; row groups have no tokens.
   if (q.slot_of_pair &&
       (q.granularity == Fp8Granularity::kPerTensor || q.top_k < 1 || q.top_k > kMaxTopK || q.row_groups.offsets))
