@@ -774,9 +774,9 @@ bool routes_in_gemm1(const TilePlan& plan, int64_t tokens, int64_t top_k, int64_
   // Measured against the route and the sort (ep=8, one H100, docs/KERNELS.md, nineteenth
   // session): e4m3 -3 to -18% at T = 1-4; bf16 -3 to -8% at T = 1-2 but +1.3 to +2.3% at
   // T = 4. Per channel and per tensor (H200, thirty-third session): -12 to -17% at T = 1,
-  // deepseek-v3 -8% at T = 4, the qwen3 presets within -3.4 / +0.8% there. Up to 16 tokens (a warp routing four in
-  // turn) lost 8-68% at T = 4-16, even with one token a warp at T = 4: the larger routing code slowed the GEMM it sits
-  // in.
+  // deepseek-v3 -8% at T = 4, the qwen3 presets within -3.4 / +0.8% there. Up to 16 tokens
+  // (a warp routing four in turn) lost 8-68% at T = 4-16, even with one token a warp at T = 4:
+  // the larger routing code slowed the GEMM it sits in.
   if (tokens > (fp8 ? kMaxSelfRoutedTokens : kMaxSelfRoutedTokensBf16)) return false;
   // bf16 beside a shared expert's early CTAs: the route and the sort ahead of GEMM1 measured
   // faster on the H200 (deepseek-v3 T = 1 / 2 -3.8 / -2.8%; twenty-first session), where the
