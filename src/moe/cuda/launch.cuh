@@ -17,6 +17,13 @@ namespace epmoe::cuda {
 __device__ __forceinline__ void wait_for_predecessor() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void allow_successor() { asm volatile("griddepcontrol.launch_dependents;\n"); }
 
+// counters[0, count) = 0 by every thread of the grid, a grid-stride apart: GEMM1's arrival
+// counters, zeroed by whichever launch comes first in a call (the sort, or x's quantisation).
+__device__ inline void zero_by_grid(int32_t* counters, int64_t count) {
+  const int64_t threads = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += threads) counters[i] = 0;
+}
+
 // Every kernel of the pipeline asks for the same L1/shared split (as much shared memory as
 // possible, what the GEMMs need), so consecutive kernels do not make the SMs reconfigure
 // between them, which would serialise the chained launches. Call once per kernel (a

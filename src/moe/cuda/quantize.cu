@@ -77,10 +77,7 @@ constexpr int kGroupsPerHalfWarp = 2;
 constexpr int kGroupsPerWarp = 2 * kGroupsPerHalfWarp;
 
 // Fp8Quantize::zero, by the grid of the launch's first kernel, before any of its threads leaves.
-__device__ void zero_counters(const Fp8Quantize& q) {
-  const int64_t threads = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < q.zero_count; i += threads) q.zero[i] = 0;
-}
+__device__ void zero_counters(const Fp8Quantize& q) { zero_by_grid(q.zero, q.zero_count); }
 
 __global__ void quantize_groups_kernel(Fp8Quantize q) {
   allow_successor();

@@ -78,9 +78,7 @@ __device__ void load_groups(const SortArgs& a, const int32_t* map, ThreadPairs<k
 // predecessor; the grid also zeroes the arrival counters.
 template <int kBatch>
 __device__ ThreadPairs<kBatch> count_block_pairs(const SortArgs& a, const int32_t* map, int32_t* counts) {
-  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < a.layout.arrival_count;
-       i += int64_t{gridDim.x} * kThreads)
-    a.layout.arrivals[i] = 0;  // after the wait: the previous call's GEMM1 has finished with them
+  zero_by_grid(a.layout.arrivals, a.layout.arrival_count);  // after the wait: the previous call's GEMM1 is done
   ThreadPairs<kBatch> mine;
   load_groups(a, map, mine);
 #pragma unroll
