@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <iterator>
 #include <random>
 
 #include "../checkpoint_test_util.h"
@@ -608,7 +609,7 @@ TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
                                RoutingKind::kGroupedTopk};
   for (int64_t tokens : {1, 2, 4, 16}) {
     for (int experts : {128, 256, 512})
-      for (int kind_index = 0; kind_index < 4; ++kind_index)
+      for (size_t kind_index = 0; kind_index < std::size(kinds); ++kind_index)
         for (int rank : {0, 5}) {
           const RoutingKind kind = kinds[kind_index];
           RandomCaseOptions options = preset_options(*find_preset("deepseek-v3"), tokens, false, 8, rank);
@@ -621,7 +622,7 @@ TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
           expect_gpu_matches_cpu(options, what, 1e-2);
           // e4m3 (pooled draws, so fewer cases): at T = 1 GpuFp8VsCpu has every preset.
           if (tokens == 1 || experts != 256) continue;
-          const Fp8Scheme fp8 = fp8_schemes[(kind_index + (rank == 0 ? 1 : 0)) % 4];
+          const Fp8Scheme fp8 = fp8_schemes[(kind_index + (rank == 0 ? 1 : 0)) % std::size(fp8_schemes)];
           expect_fp8_matches_over_draws(
               tokens,
               [&] {
