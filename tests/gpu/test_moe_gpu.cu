@@ -18,8 +18,8 @@
 #include "epmoe/moe_cpu.h"
 #include "epmoe/moe_cuda.h"
 #include "epmoe/naive_moe.h"
-#include "moe/cuda/launchers.h"
 #include "epmoe/presets.h"
+#include "moe/cuda/launchers.h"
 
 namespace epmoe {
 namespace {
