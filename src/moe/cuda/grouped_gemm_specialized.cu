@@ -85,6 +85,10 @@ struct PairExchange {
   uint32_t amax[2][128];  // per tile row, as magnitude_bits
 };
 
+// Output columns of a column tile (gated: half its B rows are gate, half up).
+template <typename Tile, bool kGated>
+inline constexpr int kSpecializedOutCols = kGated ? Tile::kCols / 2 : Tile::kCols;
+
 // fp8_block scales live in slots of shared memory, as many as it leaves: the ring's stage
 // `it` (counted over all of a CTA's items) has slot it % slots. Where an item's K tiles fit
 // in the slots the stages still in the ring do not use, all its scales are copied before
@@ -93,12 +97,17 @@ struct PairExchange {
 inline constexpr size_t kSharedBudget = 227 * 1024 - 1024 - 512;  // - ring alignment, - static shared
 // The kernels that write bf16 c stage it (write_tile_staged below): every bf16 kernel, the e4m3
 // GEMM2s, and the e4m3 GEMM1s with epilogue scales (per channel, per tensor), which write bf16
-// for a separate quantisation pass. fp8_block's GEMM1 writes codes, and its scale slots keep
-// the whole shared memory left (deepseek-v3's 56 K tiles need 60 of the wide tile's 63 to be
-// copied up front).
+// for a separate quantisation pass. fp8_block's GEMM1 writes codes: the narrow tile stages
+// them too (its 64 output columns, 1 KB a warp; 48 scale slots are left, up front for K up
+// to 42 tiles: every preset's GEMM1 but deepseek-v3's, 56, which takes the narrow tile only
+// where the wide one's last round would be short), the wide tile's scale slots keep the whole
+// shared memory left (deepseek-v3's 56 K tiles need 60 of its 63 to be copied up front).
 template <typename Tile, bool kGated, Scales kScales>
-inline constexpr int kStagingBytes =
-    (kGated && kScales == Scales::kPerKTile) ? 0 : Tile::kConsumerThreads / 32 * Tile::kStagingWarpBytes;
+inline constexpr int kWarpStagingBytes = !(kGated && kScales == Scales::kPerKTile) ? Tile::kStagingWarpBytes
+                                         : Tile::kCols == 128 ? 16 * kSpecializedOutCols<Tile, kGated>
+                                                              : 0;
+template <typename Tile, bool kGated, Scales kScales>
+inline constexpr int kStagingBytes = Tile::kConsumerThreads / 32 * kWarpStagingBytes<Tile, kGated, kScales>;
 template <typename Tile, bool kGated, Scales kScales>
 __host__ __device__ constexpr int scale_slots() {
   constexpr int kStaging = kStagingBytes<Tile, kGated, kScales>;
@@ -230,9 +239,6 @@ __device__ inline void load_box_to_pair(uint8_t* destination, const CUtensorMap&
       : "memory");
 }
 
-// Output columns of a column tile (gated: half its B rows are gate, half up).
-template <typename Tile, bool kGated>
-inline constexpr int kSpecializedOutCols = kGated ? Tile::kCols / 2 : Tile::kCols;
 // Whether GEMM1 quantises its e4m3 output per group of columns (fp8_block), and whether a
 // group is two column tiles, which the grid then pairs into clusters of two (the narrow
 // tile's 64 outputs; the wide tile's 128 are a group).
@@ -280,10 +286,17 @@ __host__ __device__ int64_t specialized_column_tiles(const GemmGroups& groups) {
 // over the partner's, which it sends: the item's exchange is the barrier's phase of
 // `parity`, armed by the thread with `arms` before it sends. Per tensor, the static scale.
 // Codes and scales come out bit for bit as quantize_held's.
-template <int kBlocks, int kAccBlocks>
+// The codes go out from the fragments, 2 bytes a lane on 8 rows a store, or, with `staging`
+// (the warp's kBlocks x 128 bytes; kStaged), through it: each lane puts its pairs of codes
+// into the warp's 16 rows there, and the warp then stores whole 16-byte pieces, four times
+// fewer stores, each of whole 32-byte sectors (as write_tile_staged does for bf16). The
+// pieces are swizzled by the row, so that neither side has bank conflicts: rows lie two to a
+// 128-byte bank line at 64 bytes, and rows 2 apart would share banks unswizzled.
+template <int kBlocks, bool kStaged, int kAccBlocks>
 __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&outputs)[kAccBlocks][4], const int (&rows)[2],
                                  int32_t first_slot, int32_t group_end, int64_t first_col, int64_t out_cols,
-                                 int64_t stride, int lane, PairExchange* exchange, uint32_t parity, bool arms) {
+                                 int64_t stride, int lane, PairExchange* exchange, uint32_t parity, bool arms,
+                                 uint8_t* staging) {
   static_assert(kBlocks <= kAccBlocks);
   const bool per_group = q.granularity == Fp8Granularity::kPerGroup;
   uint32_t amax[2] = {0, 0};
@@ -305,9 +318,33 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
     barrier_wait(&exchange->landed, parity);
     for (int h = 0; h < 2; ++h) amax[h] = max(amax[h], exchange->amax[parity][rows[h]]);
   }
+  // Staged: rows of kRowBytes in the buffer, piece p of row r at (p ^ r / 2 % kPieces) x 16;
+  // only where every piece is whole and aligned in the codes (fp8 sizes are multiples of 16,
+  // and the workspace is 256-byte aligned: every call of the operator).
+  constexpr int kRowBytes = kBlocks * 8, kPieces = kRowBytes / 16;
+  static_assert(!kStaged || (kRowBytes == 64 && kBlocks % 2 == 0), "staged: 64 codes a row, rows two a bank line");
+  const bool staged =
+      kStaged && stride % 16 == 0 && out_cols % 16 == 0 && reinterpret_cast<uintptr_t>(q.codes) % 16 == 0;
+  auto staged_piece = [&](int row, int piece) { return staging + row * kRowBytes + (piece ^ row / 2 % kPieces) * 16; };
+  if (staged) __syncwarp();  // the warp's reads of the last item's pieces are done
   // The codes, by the row's scale (the type picked once: per group the amax's, else static).
+  auto write_scale = [&](int32_t slot, float scale) {
+    if (per_group && lane % 4 == 0 && first_col % q.group == 0)
+      q.scales[slot * ((stride + q.group - 1) / q.group) + first_col / q.group] = scale;
+  };
   auto write = [&](int h, const auto& scale) {
     const int32_t slot = first_slot + rows[h];
+    if constexpr (kStaged) {
+      if (staged) {
+        const int row = 8 * h + lane / 4;  // of the warp's 16
+#pragma unroll
+        for (int j = 0; j < kBlocks; ++j)
+          *reinterpret_cast<uint16_t*>(staged_piece(row, j / 2) + j % 2 * 8 + lane % 4 * 2) =
+              encode_e4m3x2(outputs[j][2 * h], outputs[j][2 * h + 1], scale);
+        if (slot < group_end) write_scale(slot, scale.scale);
+        return;
+      }
+    }
     if (slot >= group_end) return;
     uint8_t* codes = q.codes + static_cast<int64_t>(slot) * stride;
 #pragma unroll
@@ -317,8 +354,7 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
       *reinterpret_cast<uint16_t*>(codes + col) =
           static_cast<uint16_t>(encode_e4m3(outputs[j][2 * h], scale) | encode_e4m3(outputs[j][2 * h + 1], scale) << 8);
     }
-    if (per_group && lane % 4 == 0 && first_col % q.group == 0)
-      q.scales[slot * ((stride + q.group - 1) / q.group) + first_col / q.group] = scale.scale;
+    write_scale(slot, scale.scale);
   };
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -326,6 +362,18 @@ __device__ void quantize_outputs(const EpilogueQuantize& q, const float (&output
       write(h, AmaxScale(amax[h]));
     else
       write(h, StaticScale{*q.static_scale});
+  }
+  if (!kStaged || !staged) return;
+  __syncwarp();
+  const int32_t warp_first_slot = first_slot + rows[0] - lane / 4;
+#pragma unroll
+  for (int i = 0; i < 16 * kPieces / 32; ++i) {
+    const int index = i * 32 + lane, row = index / kPieces, piece = index % kPieces;
+    const int32_t slot = warp_first_slot + row;
+    const int64_t col = first_col + piece * 16;
+    const uint4 codes = *reinterpret_cast<const uint4*>(staged_piece(row, piece));
+    if (slot < group_end && col < out_cols)
+      *reinterpret_cast<uint4*>(q.codes + static_cast<int64_t>(slot) * stride + col) = codes;
   }
 }
 
@@ -799,7 +847,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     auto write_c = [&](auto activate_gate) {
       // (An e4m3 GEMM1 that quantises in its epilogue keeps the fragments: write_tile leaves
       // the bf16-rounded values in the accumulator for quantize_outputs.)
-      if constexpr ((kStagingBytes<Tile, kGated, kScales>) > 0)
+      if constexpr ((kWarpStagingBytes<Tile, kGated, kScales>) >= Tile::kStagingWarpBytes)
         if (!kQuantizes || !groups.quantize.codes) return write_tile_staged(groups.c, activate_gate);
       write_tile(groups.c, activate_gate);
     };
@@ -815,8 +863,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     }
     if constexpr (kQuantizes) {
       if (groups.quantize.codes) {
-        quantize_outputs<kOutBlocks>(groups.quantize, acc, rows, first_slot, group_end, first_col, out_cols, groups.c_stride,
-                         lane, partner_has_columns ? &control.exchange : nullptr, exchanges & 1, thread == 0);
+        // (the narrow fp8_block tile stages its codes: kWarpStagingBytes)
+        constexpr bool kStagesCodes = kScales == Scales::kPerKTile && (kStagingBytes<Tile, kGated, kScales>) > 0;
+        quantize_outputs<kOutBlocks, kStagesCodes>(
+            groups.quantize, acc, rows, first_slot, group_end, first_col, out_cols, groups.c_stride, lane,
+            partner_has_columns ? &control.exchange : nullptr, exchanges & 1, thread == 0,
+            staging_base + thread / 32 * kWarpStagingBytes<Tile, kGated, kScales>);
         exchanges += partner_has_columns ? 1 : 0;
       }
     }
