@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <iterator>
 #include <random>
+#include <string>
 
 #include "../checkpoint_test_util.h"
 #include "epmoe/checkpoint_layer.h"
@@ -107,7 +108,11 @@ bool expect_written(const std::vector<double>& gpu, const std::vector<double>& c
 
 void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, const std::string& what,
                   double tolerance = 1e-2) {
-  if (expect_written(gpu, cpu, what)) EXPECT_LT(relative_error(gpu, cpu), tolerance) << what;
+  if (!expect_written(gpu, cpu, what)) return;
+  const double error = relative_error(gpu, cpu);
+  // In the XML report (--gtest_output=xml): how an accuracy change moves the error, not only the pass.
+  ::testing::Test::RecordProperty("relative_error " + what, std::to_string(error));
+  EXPECT_LT(error, tolerance) << what;
 }
 
 // The GPU output of `host` (poisoned before the run) and the CPU operator's.
