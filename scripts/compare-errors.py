@@ -3,6 +3,8 @@
 (--gtest_output=xml; a property "relative_error <case>" a comparison) across variant trees: a
 table of each case's error per tree, the first tree the reference, then how far each other
 tree's errors moved (median and largest ratio). scripts/device-variant-check runs it under ERRORS.
+The tests draw fresh random inputs on every run, so one case's ratio mixes the draw with the change;
+the median over many cases is the figure that says whether a change moves the errors.
 
     python3 scripts/compare-errors.py errors-base.xml errors-variant.xml
 """

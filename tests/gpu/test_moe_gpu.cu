@@ -106,13 +106,20 @@ bool expect_written(const std::vector<double>& gpu, const std::vector<double>& c
   return true;
 }
 
-void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, const std::string& what,
-                  double tolerance = 1e-2) {
-  if (!expect_written(gpu, cpu, what)) return;
+// The relative error of a GPU output against the CPU's, expected under `tolerance` and recorded
+// under `what` in the XML report (--gtest_output=xml), where scripts/compare-errors.py sets
+// variants side by side: how an accuracy change moves the error, not only the pass. `context`
+// (the seeds) names the case only on failure, so that the case keeps its key from run to run.
+void expect_error_below(const std::vector<double>& gpu, const std::vector<double>& cpu, double tolerance,
+                        const std::string& what, const std::string& context = "") {
   const double error = relative_error(gpu, cpu);
-  // In the XML report (--gtest_output=xml): how an accuracy change moves the error, not only the pass.
   ::testing::Test::RecordProperty("relative_error " + what, std::to_string(error));
-  EXPECT_LT(error, tolerance) << what;
+  EXPECT_LT(error, tolerance) << what << context;
+}
+
+void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, const std::string& what,
+                  double tolerance = 1e-2, const std::string& context = "") {
+  if (expect_written(gpu, cpu, what + context)) expect_error_below(gpu, cpu, tolerance, what, context);
 }
 
 // The GPU output of `host` (poisoned before the run) and the CPU operator's.
@@ -131,14 +138,15 @@ Outputs run_both(const MoeCase& host) {
 }
 
 // Runs `host` on the GPU (output poisoned) and on the CPU, and compares the two.
-void expect_gpu_matches_cpu(const MoeCase& host, const std::string& what, double tolerance) {
+void expect_gpu_matches_cpu(const MoeCase& host, const std::string& what, double tolerance,
+                            const std::string& context = "") {
   const Outputs outputs = run_both(host);
-  expect_close(outputs.gpu, outputs.cpu, what, tolerance);
+  expect_close(outputs.gpu, outputs.cpu, what, tolerance, context);
 }
 
 // The same for the random case `options` describes (its seed named on failure).
 void expect_gpu_matches_cpu(const RandomCaseOptions& options, const std::string& what, double tolerance) {
-  expect_gpu_matches_cpu(host_case(options), what + " seed " + std::to_string(options.seed), tolerance);
+  expect_gpu_matches_cpu(host_case(options), what, tolerance, " seed " + std::to_string(options.seed));
 }
 
 struct PresetCase {
@@ -212,7 +220,7 @@ void expect_fp8_matches_over_draws(int64_t tokens, Draw draw, const std::string&
     pooled.gpu.insert(pooled.gpu.end(), outputs.gpu.begin(), outputs.gpu.end());
     pooled.cpu.insert(pooled.cpu.end(), outputs.cpu.begin(), outputs.cpu.end());
   }
-  if (!pooled.cpu.empty()) EXPECT_LT(relative_error(pooled.gpu, pooled.cpu), 3e-2) << what << ", seeds" << seeds;
+  if (!pooled.cpu.empty()) expect_error_below(pooled.gpu, pooled.cpu, 3e-2, what, ", seeds" + seeds);
 }
 
 TEST_P(GpuFp8VsCpu, MatchesCpuOperatorAndWritesEveryElement) {
@@ -269,8 +277,8 @@ TEST(GpuMoe, SharedExpertsOnTheirOwnTileListBesideSplitKRoutedTiles) {
     ASSERT_EQ(plan.tile_rows, 16) << "the case no longer covers what it names";
     ASSERT_EQ(plan.shared_tile_rows, 128);
     ASSERT_GT(plan.k_splits, 1);
-    expect_gpu_matches_cpu(host, std::string(quant_scheme_name(scheme)) + " seed " + std::to_string(options.seed),
-                           is_fp8(scheme) ? 3e-2 : 1e-2);
+    expect_gpu_matches_cpu(host, std::string(quant_scheme_name(scheme)), is_fp8(scheme) ? 3e-2 : 1e-2,
+                           " seed " + std::to_string(options.seed));
   }
 }
 
@@ -665,7 +673,7 @@ TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
     pooled.gpu.insert(pooled.gpu.end(), outputs.gpu.begin(), outputs.gpu.end());
     pooled.cpu.insert(pooled.cpu.end(), outputs.cpu.begin(), outputs.cpu.end());
   }
-  if (!pooled.cpu.empty()) EXPECT_LT(relative_error(pooled.gpu, pooled.cpu), 3e-2) << "seven experts, fp8_block";
+  if (!pooled.cpu.empty()) expect_error_below(pooled.gpu, pooled.cpu, 3e-2, "seven experts, fp8_block");
 }
 
 // Replays of one captured call on new inputs, so new routings: every counter a call uses is
