@@ -107,8 +107,8 @@ __device__ inline void wgmma_wait() {
 // overwrites d (the first step of a fresh sum) instead of adding to it.
 template <int Cols, bool kFp8>
 __device__ inline void wgmma_step(float (&d)[Cols / 8][4], uint64_t a, uint64_t b, bool accumulate) {
-  static_assert(Cols == 128 || ((Cols == 192 || Cols == 256) && !kFp8) || (Cols == 16 && kFp8),
-                "wgmma steps: bf16 m64n128 / m64n192 / m64n256, e4m3 m64n128 / m64n16");
+  static_assert(Cols == 128 || Cols == 256 || (Cols == 192 && !kFp8) || (Cols == 16 && kFp8),
+                "wgmma steps: bf16 m64n128 / m64n192 / m64n256, e4m3 m64n128 / m64n256 / m64n16");
   const int keep = accumulate;
   if constexpr (Cols == 16) {
     asm volatile(EPMOE_WG_SCALE_D(10) "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 " EPMOE_WG_REGS8
@@ -126,6 +126,11 @@ __device__ inline void wgmma_step(float (&d)[Cols / 8][4], uint64_t a, uint64_t 
     asm volatile(EPMOE_WG_SCALE_D(98) "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 " EPMOE_WG_REGS96
                  ", %96, %97, keep, 1, 1, 0, 0;\n}\n"
                  : EPMOE_WG_D64(0), EPMOE_WG_D16(16), EPMOE_WG_D16(20) : "l"(a), "l"(b), "r"(keep));
+  } else if constexpr (kFp8) {
+    asm volatile(EPMOE_WG_SCALE_D(130) "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 " EPMOE_WG_REGS128
+                                       ", %128, %129, keep, 1, 1;\n}\n"
+                 : EPMOE_WG_D64(0), EPMOE_WG_D64(16)
+                 : "l"(a), "l"(b), "r"(keep));
   } else {
     asm volatile(EPMOE_WG_SCALE_D(130) "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " EPMOE_WG_REGS128
                  ", %128, %129, keep, 1, 1, 0, 0;\n}\n"

@@ -354,12 +354,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
     const int warp_col = (warp % Cfg::kWarpsN) * Cfg::kWarpCols;
     float acc[Cfg::kMmaM][Cfg::kMmaN][4] = {};
 
-    // fp8 (value = code * scale): each stage's products land in stage_acc and are added to
-    // acc, times the stage's scales when they change along K (a K tile is 128 elements, one
-    // fp8_block block); else acc is scaled once before the epilogue.
+    // fp8 (value = code * scale): where the scales change along K (fp8_block: a K tile is 128
+    // elements, one block), each stage's products land in stage_acc and are added to acc times
+    // the stage's scales; else the tensor cores add every K tile into acc, as for bf16 (kSumsInAcc:
+    // CUTLASS's FP8FastAccum), and acc is scaled once before the epilogue. (Against two K tiles
+    // a wait, each promoted: ep=8, one H100, thirty-ninth session, two calls: T=1 -4 to -8% on
+    // deepseek-v3 and qwen3-235b-a22b, 0 to -2% on qwen3-30b-a3b; T=16-64 within 1%. One
+    // call's qwen3-235b-a22b fp8_tensor variant ran at a lower clock: +1 to +2% at T=1-64.)
     constexpr bool kPerKTile = kScales == Scales::kPerKTile;
-    constexpr int kRound = Cfg::kTilesPerWait;
-    float stage_acc[kFp8 ? kRound : 1][kFp8 ? Cfg::kMmaM : 1][kFp8 ? Cfg::kMmaN : 1][4];
+    constexpr bool kSumsInAcc = !kPerKTile;
+    // K tiles a wgmma wait: fp8_block's rounds (Config::kTilesPerWait); where the sums stay in
+    // acc, one, and the wait leaves a K tile's group in flight while the next is issued.
+    constexpr int kRound = kSumsInAcc ? 1 : Cfg::kTilesPerWait;
+    float stage_acc[kPerKTile ? kRound : 1][kPerKTile ? Cfg::kMmaM : 1][kPerKTile ? Cfg::kMmaN : 1][4];
     // Scale indices, fixed over the K loop: of this thread's fragment rows (A) and columns (B),
     // into the scale grids (rows and columns past the matrix read the first, never used), or
     // with the scales in the ring into a stage's scale lines. (The grid's index is written out
@@ -459,21 +466,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
 #pragma unroll
         for (int c = 0; c < kBScales; ++c) b_now[r][c] = scales[b_scale_at[c]];
       }
-      if constexpr (kPerKTile) {
-        add_scaled(acc, stage_acc[r], a_now[r], b_now[r]);
-      } else if constexpr (kFp8) {
-#pragma unroll
-        for (int mi = 0; mi < Cfg::kMmaM; ++mi)
-#pragma unroll
-          for (int ni = 0; ni < Cfg::kMmaN; ++ni)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[mi][ni][q] += stage_acc[r][mi][ni][q];
-      }
+      if constexpr (kPerKTile) add_scaled(acc, stage_acc[r], a_now[r], b_now[r]);
     };
     // Where the tensor cores accumulate round r's K tile (the one m16 row block of a wgmma
-    // warp): its own sums (fp8), or straight into acc (bf16).
+    // warp): its own sums (fp8_block), or straight into acc.
     auto round_sums = [&](int r) -> float(&)[Cfg::kMmaN][4] {
-      if constexpr (kFp8) {
+      if constexpr (!kSumsInAcc) {
         return stage_acc[r][0];
       } else {
         return acc[0];
@@ -548,11 +546,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
         }
       }
     } else {
-      // Warpgroup g multiplies rows 64g..64g+63 of the A tile by the whole B tile. bf16: one
-      // wgmma group stays in flight while the next stage lands; fp8: the stage's sums are
-      // needed for the promotion, so each group completes first, a round of kRound K tiles
-      // (each into sums of its own) at a time. A stage is refilled only after every
-      // warpgroup's wgmma on it has completed (wait_group, then the barrier).
+      // Warpgroup g multiplies rows 64g..64g+63 of the A tile by the whole B tile. Sums in acc
+      // (bf16, e4m3 with scales in the epilogue): one wgmma group stays in flight while the
+      // next stage lands; fp8_block: the stage's sums are needed for the promotion, so each
+      // group completes first, a round of kRound K tiles (each into sums of its own) at a
+      // time. A stage is refilled only after every warpgroup's wgmma on it has completed
+      // (wait_group, then the barrier).
       const int warpgroup = warp / 4;
       for (int kt = 0; kt < k_tiles; kt += kRound) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(Cfg::kStages - 1 - kRound));
@@ -569,14 +568,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
           // Swapped: the weights are wgmma's A (m64), the tokens its B (n16).
           const uint64_t a_descriptor = wgmma_descriptor(kSwapped ? b_tile : a_tile + warpgroup * 64 * kRowBytes);
           const uint64_t b_descriptor = wgmma_descriptor(kSwapped ? a_tile : b_tile);
-          // +32 bytes along K inside the swizzle atom; fp8 starts a fresh sum
+          // +32 bytes along K inside the swizzle atom; fp8_block starts a fresh sum
 #pragma unroll
           for (int kk = 0; kk < kStepsPerStage; ++kk)
             wgmma_step<kSwapped ? Cfg::kRows : Cfg::kCols, kFp8>(round_sums(r), a_descriptor + 2 * kk,
-                                                                 b_descriptor + 2 * kk, !kFp8 || kk > 0);
+                                                                 b_descriptor + 2 * kk, kSumsInAcc || kk > 0);
         }
         wgmma_commit();
-        if constexpr (kFp8) {
+        if constexpr (!kSumsInAcc) {
           wgmma_wait<0>();
 #pragma unroll
           for (int r = 0; r < kRound; ++r)

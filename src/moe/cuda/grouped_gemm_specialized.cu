@@ -19,15 +19,17 @@
 // cannot do on sm_90), and, for fp8_block, the stage's A and B scales. Each stage has a
 // "full" mbarrier (the B bytes as a transaction count, one cp.async arrival per producer
 // thread) and an "empty" one (one arrival per consumer warp). The two consumers (warpgroups
-// 1 and 2, rows 0-63 and 64-127, most registers) only wait and multiply: bf16 keeps one
-// wgmma group in flight; fp8 waits for each stage's sums and adds them to the accumulator
-// times the stage's scales, and while one consumer does that the other's wgmma keeps the
-// tensor cores busy.
+// 1 and 2, rows 0-63 and 64-127, most registers) only wait and multiply: bf16, and e4m3 with
+// scales that do not change along K (per channel, per tensor: applied in the epilogue), keep
+// one wgmma group in flight and the sums in the tensor cores; fp8_block waits for each
+// stage's sums and adds them to the accumulator times the stage's scales, and while one
+// consumer does that the other's wgmma keeps the tensor cores busy.
 // Tiles: 128 x 256, or 128 x 192 (bf16) or 128 x 128 for launches whose 256-wide items would
 // leave many SMs idle in their last wave or (e4m3) run short K loops (specialized_tile_cols).
-// bf16 m64n256k16, m64n192k16 or m64n128k16 per consumer; e4m3 m64n128k32 into a second
-// accumulator for the per-stage sums, the wide tile's two B halves in turn (sums for 256
-// columns beside the accumulator would not fit the registers); 192 to 200 KiB of stages.
+// bf16 m64n256k16, m64n192k16 or m64n128k16 per consumer; e4m3 m64n256k32 or m64n128k32,
+// for fp8_block into a second accumulator for the per-stage sums, the wide tile's two B
+// halves in turn (sums for 256 columns beside the accumulator would not fit the registers);
+// 192 to 200 KiB of stages.
 // GEMM1's fp8 quantisation stays in registers: a group of 128 output columns is the wide e4m3
 // tile's, or the columns of two neighbouring narrow column tiles (64 each), which run as a
 // cluster of two CTAs and send each other their rows' amax (st.async into the partner's shared
@@ -653,9 +655,14 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     for (int j = 0; j < Tile::kMmaN; ++j)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
-    // e4m3: the tensor cores' sums of a K tile, n128 at a time (the wide tile's two B halves
-    // in turn: sums for all 256 columns beside the accumulator would not fit the registers).
-    constexpr int kSumBlocks = kFp8 ? 128 / 8 : 1, kSumRounds = Tile::kMmaN / kSumBlocks;
+    // fp8_block: the tensor cores' sums of a K tile, n128 at a time (the wide tile's two B
+    // halves in turn: sums for all 256 columns beside the accumulator would not fit the
+    // registers), promoted into the accumulator times the K tile's scales. Scales that do not
+    // change along K (per channel, per tensor) leave the sums in the tensor cores over the whole
+    // K loop, as bf16 does (CUTLASS's FP8FastAccum, which vLLM's fp8 GEMMs use on sm90): the
+    // layer -1 to -4% at T=4096-16384 against the promotion (ep=8, one H100, docs/KERNELS.md,
+    // thirty-ninth session; the errors 1.2-1.45x larger, docs/OPERATOR.md).
+    constexpr int kSumBlocks = kPerKTile ? 128 / 8 : 1, kSumRounds = Tile::kMmaN / kSumBlocks;
     float sums[kSumBlocks][4];
     // A consumer whose 64 rows lie past the group's (a last row tile's few rows, a row pair's
     // partner of no rows) multiplies nothing: it frees each stage once landed, so that the
@@ -667,8 +674,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       const uint32_t a_descriptor = a_descriptor0 + stage * kStageStep;
       const uint32_t b_descriptor = b_descriptor0 + stage * kStageStep;
       wgmma_fence();
-      if constexpr (kFp8) {
-        float a_scale[2] = {1.0f, 1.0f}, b_scale[2] = {1.0f, 1.0f};
+      if constexpr (kPerKTile) {
+        float a_scale[2], b_scale[2];
 #pragma unroll
         for (int round = 0; round < kSumRounds; ++round) {
           // B rows 128 round on: +16 KB, in the descriptor's 16-byte units.
@@ -679,7 +686,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
             wgmma_step<128, true>(sums, wgmma_descriptor(a_descriptor + 2 * kk), wgmma_descriptor(b_round + 2 * kk),
                                   kk > 0);
           wgmma_commit();
-          if (kPerKTile && round == 0) {
+          if (round == 0) {
             a_scale[0] = control.a_scales[slot][rows[0]], a_scale[1] = control.a_scales[slot][rows[1]];
             b_scale[0] = control.b_scales[slot][0], b_scale[1] = control.b_scales[slot][1];
           }
@@ -696,15 +703,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       } else {
 #pragma unroll
         for (int kk = 0; kk < kStepsPerStage; ++kk)
-          wgmma_step<Tile::kCols, false>(acc, wgmma_descriptor(a_descriptor + 2 * kk),
-                                         wgmma_descriptor(b_descriptor + 2 * kk), true);
+          wgmma_step<Tile::kCols, kFp8>(acc, wgmma_descriptor(a_descriptor + 2 * kk),
+                                        wgmma_descriptor(b_descriptor + 2 * kk), true);
         wgmma_commit();
         wgmma_wait<1>();  // the previous stage's group is done: release that stage
         if (kt > 0 && lane == 0) release(previous_stage);
       }
     }
     wgmma_wait<0>();
-    if (!kFp8 && multiplied > 0 && lane == 0) release(previous_stage);  // the item's last
+    if (!kPerKTile && multiplied > 0 && lane == 0) release(previous_stage);  // the item's last
     for (int kt = multiplied; kt < p.k_tiles; ++kt, step()) {
       barrier_wait(&control.full[stage], phase);
       if (lane == 0) release(stage);
