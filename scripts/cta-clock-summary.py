@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Summarises the clocks that docs/prepared/timing-cta-clock.patch makes the GEMM kernels print,
-launch by launch. The decode and medium tiles (lines "cta_clock ..." and "cta_exit ..."): when
+"""Summarises the clocks that docs/prepared/timing-cta-clock.patch makes the GEMM kernels record
+(into a device buffer, printed one line a record when the program ends), launch by launch. The decode and medium tiles (lines "cta_clock ..." and "cta_exit ..."): when
 the CTAs entered and were past their waits, how long each tile's K loop took, the weight bytes it
 streamed per second, and how many CTAs shared an SM. The specialised 128-row tile ("item_clock
 ..."): per work item, the consumers' K loop and epilogue, the time between items, the
@@ -31,8 +31,8 @@ REQUIRED = {
 
 
 def parse(lines):
-    """(kind, fields) for each whole clock line; kind is 'cta_clock' or 'cta_exit'. Lines cut
-    short (the device's printf buffer full, output interleaved) are counted and left out."""
+    """(kind, fields) for each whole clock line; kind is 'cta_clock', 'cta_exit' or 'item_clock'.
+    Lines cut short (output interleaved with the bench's) are counted and left out."""
     cut = 0
     for line in lines:
         words = line.split(maxsplit=1)
