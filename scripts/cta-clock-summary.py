@@ -23,8 +23,8 @@ FIELD = re.compile(r"(\w+)=(-?\d+)")
 
 
 REQUIRED = {
-    "cta_clock": {"gated", "rows", "cols", "fp8", "sm", "weight_bytes", "entry", "ready", "tile_start", "k_loop_end",
-                  "done"},
+    "cta_clock": {"gated", "rows", "cols", "fp8", "early", "sm", "weight_bytes", "entry", "routed", "ready",
+                  "tile_start", "k_loop_end", "done"},
     "cta_exit": {"gated", "rows", "cols", "fp8", "sm", "entry", "exit"},
     "item_clock": {"role", "gated", "fp8", "cols", "block", "item", "k_tiles", "rows", "start", "mark", "end"},
 }
@@ -100,7 +100,11 @@ def summarise(launch):
         f"{len(exits)} CTAs without a tile; launch {(end - start) * us:.1f} us from the first entry",
         f"  entries over {(max(f['entry'] for f in clocks) - start) * us:.1f} us; past the waits "
         f"(ready - entry) median {statistics.median(f['ready'] - f['entry'] for f in clocks) * us:.1f} us, "
-        f"max {max(f['ready'] - f['entry'] for f in clocks) * us:.1f}",
+        f"max {max(f['ready'] - f['entry'] for f in clocks) * us:.1f}" + "".join(
+            f"; {name} median {statistics.median(f['routed'] - f['entry'] for f in group) * us:.1f} us routing in the "
+            f"CTA (self-routing), {statistics.median(f['ready'] - f['routed'] for f in group) * us:.1f} us the wait"
+            for name, group in (("early CTAs", [f for f in clocks if f["early"]]),
+                                ("the others", [f for f in clocks if not f["early"]])) if group),
         f"  K loops start {(first_loop - start) * us:.1f} to {(max(s for s, _ in streaming) - start) * us:.1f} us in, "
         f"last ends at {(last_loop - start) * us:.1f}; loop median {statistics.median(loops) * us:.1f} us "
         f"(p10 {percentile(loops, 0.1) * us:.1f}, p90 {percentile(loops, 0.9) * us:.1f}); after the loop "
