@@ -203,7 +203,8 @@ class GpuFp8VsCpu : public ::testing::TestWithParam<Fp8Case> {};
 // of draw() (a RandomCaseOptions) together, each draw's every element still checked
 // written. One token's output hangs on a few hundred e4m3 codes of its intermediate, and the
 // two operators' bf16 intermediates can fall on either side of an e4m3 rounding midpoint
-// (the tensor cores sum a K tile in less than f32 precision before the promotion); one code
+// (the tensor cores sum in less than f32 precision: a K tile before the promotion for
+// fp8_block, the whole K loop for the per-channel and per-tensor schemes); one code
 // flipped at a row's largest element moves that token's output by 3-4%. Measured on the
 // H200: 5 of about 4000 single runs at T = 1 or 7 over 3e-2 (at most 0.040), on 0500f47 and
 // 1972103 alike.
