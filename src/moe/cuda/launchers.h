@@ -201,8 +201,8 @@ cudaError_t launch_specialized_gemm(const GemmGroups& groups, const PairLayout& 
 // The specialised tile's width (B rows) for a launch of likely_tiles row tiles over
 // out_cols output columns (gated: of the intermediate) and K = k, each split k_splits ways:
 // 256, or (bf16) 192 or 128 where the narrower items fill the SMs in enough fewer waves to
-// pay for their lower rate. e4m3: 256 or 128, by the length of an item's K loop too, for
-// scales along K (fp8_block); with scales in the epilogue (per channel, per tensor) always 128.
+// pay for their lower rate. e4m3: 256 or 128, by the length of an item's K loop too (every
+// scheme: fp8_block, and per channel and per tensor since the thirty-third session).
 int specialized_tile_cols(bool fp8, bool gated, int64_t likely_tiles, int64_t out_cols, int64_t k, int k_splits);
 // The decode tile's ring depth (stages) for a launch of likely_ctas CTAs: bf16 16 where they
 // fit one an SM, else 8; e4m3 6 (carrying their K tile's scales) where they fit three an SM,
