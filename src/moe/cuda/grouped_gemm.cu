@@ -57,8 +57,9 @@ template <Instruction Kind, int Rows, int Cols, int Stages, int WarpsM, int Warp
 struct Config {
   static constexpr Instruction kInstruction = Kind;
   static constexpr int kRows = Rows, kCols = Cols, kStages = Stages, kWarpsN = WarpsN;
-  // wgmma: the K tiles whose sums one wait completes (e4m3 needs a K tile's sums for its
-  // scales; a wait per K tile held the swapped decode tile's loop, ~14 GB/s a CTA at T=1).
+  // wgmma: the K tiles whose sums one wait completes (fp8_block needs a K tile's sums for its
+  // scales; a wait per K tile held the swapped decode tile's loop, ~14 GB/s a CTA at T=1). The
+  // kernel takes one a wait, its group left in flight, where the sums stay in acc (kSumsInAcc).
   static constexpr int kTilesPerWait = TilesPerWait;
   static constexpr int kThreads = WarpsM * WarpsN * 32;
   static constexpr int kWarpRows = Rows / WarpsM, kWarpCols = Cols / WarpsN;
