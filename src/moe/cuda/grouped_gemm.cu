@@ -59,7 +59,7 @@ struct Config {
   static constexpr int kRows = Rows, kCols = Cols, kStages = Stages, kWarpsN = WarpsN;
   // wgmma: the K tiles whose sums one wait completes (fp8_block needs a K tile's sums for its
   // scales; a wait per K tile held the swapped decode tile's loop, ~14 GB/s a CTA at T=1). The
-  // kernel takes one a wait, its group left in flight, where the sums stay in acc (kSumsInAcc).
+  // kernel takes one a wait, its group left in flight, where the sums stay in acc (all but fp8_block).
   static constexpr int kTilesPerWait = TilesPerWait;
   static constexpr int kThreads = WarpsM * WarpsN * 32;
   static constexpr int kWarpRows = Rows / WarpsM, kWarpCols = Cols / WarpsN;
@@ -357,16 +357,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
 
     // fp8 (value = code * scale): where the scales change along K (fp8_block: a K tile is 128
     // elements, one block), each stage's products land in stage_acc and are added to acc times
-    // the stage's scales; else the tensor cores add every K tile into acc, as for bf16 (kSumsInAcc:
-    // CUTLASS's FP8FastAccum), and acc is scaled once before the epilogue. (Against two K tiles
+    // the stage's scales; else the tensor cores add every K tile into acc, as for bf16 (CUTLASS's
+    // FP8FastAccum), and acc is scaled once before the epilogue. (Against two K tiles
     // a wait, each promoted: ep=8, one H100, thirty-ninth session, two calls: T=1 -4 to -8% on
     // deepseek-v3 and qwen3-235b-a22b, 0 to -2% on qwen3-30b-a3b; T=16-64 within 1%. One
     // call's qwen3-235b-a22b fp8_tensor variant ran at a lower clock: +1 to +2% at T=1-64.)
     constexpr bool kPerKTile = kScales == Scales::kPerKTile;
-    constexpr bool kSumsInAcc = !kPerKTile;
     // K tiles a wgmma wait: fp8_block's rounds (Config::kTilesPerWait); where the sums stay in
     // acc, one, and the wait leaves a K tile's group in flight while the next is issued.
-    constexpr int kRound = kSumsInAcc ? 1 : Cfg::kTilesPerWait;
+    constexpr int kRound = kPerKTile ? Cfg::kTilesPerWait : 1;
     float stage_acc[kPerKTile ? kRound : 1][kPerKTile ? Cfg::kMmaM : 1][kPerKTile ? Cfg::kMmaN : 1][4];
     // Scale indices, fixed over the K loop: of this thread's fragment rows (A) and columns (B),
     // into the scale grids (rows and columns past the matrix read the first, never used), or
@@ -472,7 +471,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
     // Where the tensor cores accumulate round r's K tile (the one m16 row block of a wgmma
     // warp): its own sums (fp8_block), or straight into acc.
     auto round_sums = [&](int r) -> float(&)[Cfg::kMmaN][4] {
-      if constexpr (!kSumsInAcc) {
+      if constexpr (kPerKTile) {
         return stage_acc[r][0];
       } else {
         return acc[0];
@@ -573,10 +572,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
 #pragma unroll
           for (int kk = 0; kk < kStepsPerStage; ++kk)
             wgmma_step<kSwapped ? Cfg::kRows : Cfg::kCols, kFp8>(round_sums(r), a_descriptor + 2 * kk,
-                                                                 b_descriptor + 2 * kk, kSumsInAcc || kk > 0);
+                                                                 b_descriptor + 2 * kk, !kPerKTile || kk > 0);
         }
         wgmma_commit();
-        if constexpr (!kSumsInAcc) {
+        if constexpr (kPerKTile) {
           wgmma_wait<0>();
 #pragma unroll
           for (int r = 0; r < kRound; ++r)
