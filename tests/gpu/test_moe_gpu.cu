@@ -208,20 +208,30 @@ class GpuFp8VsCpu : public ::testing::TestWithParam<Fp8Case> {};
 // flipped at a row's largest element moves that token's output by 3-4%. Measured on the
 // H200: 5 of about 4000 single runs at T = 1 or 7 over 3e-2 (at most 0.040), on 0500f47 and
 // 1972103 alike.
-template <typename Draw>
-void expect_fp8_matches_over_draws(int64_t tokens, Draw draw, const std::string& what) {
+// run(options, label) gives a draw's two outputs (label: `what` and the draw's seed).
+template <typename Draw, typename Run>
+void expect_fp8_matches_over_draws(int64_t tokens, Draw draw, const std::string& what, Run run) {
   const int64_t draws = (16 + tokens - 1) / tokens;
   Outputs pooled;
   std::string seeds;
   for (int64_t i = 0; i < draws; ++i) {
     const RandomCaseOptions options = draw();
     seeds += " " + std::to_string(options.seed);
-    const Outputs outputs = run_both(host_case(options));
-    if (!expect_written(outputs.gpu, outputs.cpu, what + " seed " + std::to_string(options.seed))) continue;
+    const std::string label = what + " seed " + std::to_string(options.seed);
+    const Outputs outputs = run(options, label);
+    if (!expect_written(outputs.gpu, outputs.cpu, label)) continue;
     pooled.gpu.insert(pooled.gpu.end(), outputs.gpu.begin(), outputs.gpu.end());
     pooled.cpu.insert(pooled.cpu.end(), outputs.cpu.begin(), outputs.cpu.end());
   }
   if (!pooled.cpu.empty()) expect_error_below(pooled.gpu, pooled.cpu, 3e-2, what, ", seeds" + seeds);
+}
+
+// The same, each draw run as drawn (run_both).
+template <typename Draw>
+void expect_fp8_matches_over_draws(int64_t tokens, Draw draw, const std::string& what) {
+  expect_fp8_matches_over_draws(tokens, draw, what, [](const RandomCaseOptions& options, const std::string&) {
+    return run_both(host_case(options));
+  });
 }
 
 TEST_P(GpuFp8VsCpu, MatchesCpuOperatorAndWritesEveryElement) {
@@ -658,23 +668,24 @@ TEST(GpuMoe, DecodeGemm1RoutesItsTokensItself) {
     expect_close(outputs.gpu, outputs.cpu, what);
   }
   // deepseek-v3 rank 0 of 8 holds experts 0..31; seven of them take the 16 pairs of 2 tokens.
-  // (fp8_block: pooled over eight draws, as expect_fp8_matches_over_draws says why.)
+  // (fp8_block: pooled over draws, as expect_fp8_matches_over_draws says why.)
   RandomCaseOptions wide = preset_options(*find_preset("deepseek-v3"), 2, false, 8, 0);
   wide.intermediate = 2048;
   auto seven_experts = [](int64_t i) { return static_cast<int32_t>(i % 7) * 5; };
   const Outputs bf16 = run_with_precomputed_routing(host_case(wide), seven_experts, "seven experts, I = 2048");
   expect_close(bf16.gpu, bf16.cpu, "seven experts, I = 2048");
   wide.spec.quant.scheme = QuantScheme::kFp8Block;
-  Outputs pooled;
-  for (int draw = 0; draw < 8; ++draw) {
-    wide.seed = fresh_seed();
-    const std::string what = "seven experts, I = 2048, fp8_block, seed " + std::to_string(wide.seed);
-    const Outputs outputs = run_with_precomputed_routing(host_case(wide), seven_experts, what);
-    if (!expect_written(outputs.gpu, outputs.cpu, what)) continue;
-    pooled.gpu.insert(pooled.gpu.end(), outputs.gpu.begin(), outputs.gpu.end());
-    pooled.cpu.insert(pooled.cpu.end(), outputs.cpu.begin(), outputs.cpu.end());
-  }
-  if (!pooled.cpu.empty()) expect_error_below(pooled.gpu, pooled.cpu, 3e-2, "seven experts, fp8_block");
+  expect_fp8_matches_over_draws(
+      wide.tokens,
+      [&] {
+        RandomCaseOptions drawn = wide;
+        drawn.seed = fresh_seed();
+        return drawn;
+      },
+      "seven experts, fp8_block",
+      [&](const RandomCaseOptions& options, const std::string& label) {
+        return run_with_precomputed_routing(host_case(options), seven_experts, label);
+      });
 }
 
 // Replays of one captured call on new inputs, so new routings: every counter a call uses is
