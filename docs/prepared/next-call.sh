@@ -17,7 +17,8 @@ P=docs/prepared
 if [ "${1:-}" = pack ]; then
   OUT=/tmp/pack PACK=build-variants/clock.tar.xz BUILD=build TESTS= bash $V $P/timing-cta-clock.patch
   OUT=/tmp/pack PACK=build-variants/main.tar.xz BUILD=build TESTS="$T" bash $V $P/e4m3-epilogue-scale-widths.patch \
-    $P/e4m3-row-pairs-epilogue-scales.patch $P/decode-gemm1-k-pairs.patch $P/decode-gemm1-k-parts-four.patch
+    $P/e4m3-row-pairs-epilogue-scales.patch $P/decode-gemm1-k-pairs.patch \
+    $P/decode-gemm1-k-pairs.patch+$P/decode-gemm1-k-parts-four.patch
   exit
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee -a "$W/gpu.txt"
@@ -28,7 +29,7 @@ for step in "$@"; do
       OUT=$W/k PREBUILT=build-variants/main.tar.xz BASE=bench ROUNDS=2 AB_SECONDS=150 \
         MODELS="deepseek-v3 qwen3-235b-a22b qwen3-30b-a3b mixtral-8x7b" QUANTS="bf16 fp8_block" EPS=8 \
         TOKENS=1,2,4,16 TESTS="test_moe_gpu" timeout 330 bash $V $P/decode-gemm1-k-pairs.patch \
-        $P/decode-gemm1-k-parts-four.patch >"$W/kpairs.log" 2>&1
+        $P/decode-gemm1-k-pairs.patch+$P/decode-gemm1-k-parts-four.patch >"$W/kpairs.log" 2>&1
       tail -45 "$W/kpairs.log" ;;
     kshort)
       OUT=$W/k PREBUILT=build-variants/main.tar.xz BASE=bench ROUNDS=2 AB_SECONDS=70 \
