@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The next device calls as steps, one a word (docs/KERNELS.md, fortieth session, says why each).
-# Here first (a CUDA build in build/, .deps staged): bash docs/prepared/next-call.sh pack
+# Here first (a CUDA build in build/, .deps staged): bash docs/prepared/next-call.sh pack (~6 min with ccache cold)
 # On the device, carrying .deps and build-variants, in the order of what matters most:
 #   bash docs/prepared/next-call.sh kpairs suite clocks     (~350 s on an H100)
 #   bash docs/prepared/next-call.sh widths                  (~250 s)
+#   bash docs/prepared/next-call.sh clocks-kpairs           (~60 s: the clocks on the K pairs' tree)
 #   bash docs/prepared/next-call.sh table-base              (an H200 only: the targets are the H200's)
 # kshort is kpairs cut to fit ~200 s (the pairs alone). Logs under /tmp/w, all back as $OUT/w.tar.xz; each step
 # is bounded by timeout, so the archive is written before the call's limit.
@@ -15,7 +16,8 @@ T="test_combine_gpu test_dtype_gpu test_fused_quantize_gpu test_moe_gpu test_ncc
 V=scripts/device-variant-check
 P=docs/prepared
 if [ "${1:-}" = pack ]; then
-  OUT=/tmp/pack PACK=build-variants/clock.tar.xz BUILD=build TESTS= bash $V $P/timing-cta-clock.patch
+  OUT=/tmp/pack PACK=build-variants/clock.tar.xz BUILD=build TESTS= bash $V $P/timing-cta-clock.patch \
+    $P/decode-gemm1-k-pairs.patch+$P/timing-cta-clock-on-k-pairs.patch
   OUT=/tmp/pack PACK=build-variants/main.tar.xz BUILD=build TESTS="$T" bash $V $P/e4m3-epilogue-scale-widths.patch \
     $P/e4m3-row-pairs-epilogue-scales.patch $P/decode-gemm1-k-pairs.patch \
     $P/decode-gemm1-k-pairs.patch+$P/decode-gemm1-k-parts-four.patch
@@ -44,6 +46,11 @@ for step in "$@"; do
         CLOCKS="deepseek-v3:fp8_block:1 deepseek-v3:bf16:1 qwen3-235b-a22b:fp8_block:16 qwen3-30b-a3b:fp8_block:4096 qwen3-235b-a22b:fp8_block:16384" \
         timeout 120 bash $V $P/timing-cta-clock.patch >"$W/clocks.log" 2>&1
       tail -4 "$W/clocks.log" ;;
+    clocks-kpairs)  # the clocks with the K pairs: do the pairs' routed CTAs still start ~15 us late?
+      OUT=$W/ck PREBUILT=build-variants/clock.tar.xz BASE=0 ROUNDS=0 TESTS= \
+        CLOCKS="deepseek-v3:fp8_block:1 deepseek-v3:bf16:1 qwen3-235b-a22b:fp8_block:1" \
+        timeout 90 bash $V $P/decode-gemm1-k-pairs.patch+$P/timing-cta-clock-on-k-pairs.patch >"$W/clocks-kpairs.log" 2>&1
+      tail -4 "$W/clocks-kpairs.log" ;;
     widths)
       OUT=$W/s PREBUILT=build-variants/main.tar.xz BASE=bench ROUNDS=2 AB_SECONDS=160 \
         MODELS="qwen3-30b-a3b qwen3-235b-a22b llama4-maverick deepseek-v3" QUANTS="fp8_channel fp8_tensor" EPS="1 8" \
