@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, kSelfRoutes ? ctas_per_multipro
     // K tiles a wgmma wait: fp8_block's rounds (Config::kTilesPerWait); where the sums stay in
     // acc, one, and the wait leaves a K tile's group in flight while the next is issued.
     constexpr int kRound = kPerKTile ? Cfg::kTilesPerWait : 1;
-    float stage_acc[kPerKTile ? kRound : 1][kPerKTile ? Cfg::kMmaM : 1][kPerKTile ? Cfg::kMmaN : 1][4];
+    float stage_acc[kRound][kPerKTile ? Cfg::kMmaM : 1][kPerKTile ? Cfg::kMmaN : 1][4];
     // Scale indices, fixed over the K loop: of this thread's fragment rows (A) and columns (B),
     // into the scale grids (rows and columns past the matrix read the first, never used), or
     // with the scales in the ring into a stage's scale lines. (The grid's index is written out
