@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Summarises the clocks that docs/prepared/timing-cta-clock.patch makes the GEMM kernels record
+"""Summarises the clocks that docs/prepared/timing-cta-clock.patch (with its K-loop clock,
+timing-cta-clock-k-loop.patch or timing-cta-clock-k-loop-on-k-pairs.patch) makes the GEMM kernels record
 (into a device buffer, printed one line a record when the program ends), launch by launch. The decode and medium tiles (lines "cta_clock ..." and "cta_exit ..."): when
 the CTAs entered and were past their waits, how long each tile's K loop took, the weight bytes it
 streamed per second, and how many CTAs shared an SM. The specialised 128-row tile ("item_clock

@@ -15,9 +15,18 @@ mkdir -p "$W"
 T="test_combine_gpu test_dtype_gpu test_fused_quantize_gpu test_moe_gpu test_nccl_gpu test_quantize_gpu test_route_gpu test_sort_pairs_gpu"
 V=scripts/device-variant-check
 P=docs/prepared
+# The clock trees: the clocks on main, and on the decode K pairs (the clocks' one hunk that
+# differs, the K loop's end, is a patch of its own on each).
+CLOCK_MAIN=$P/timing-cta-clock.patch+$P/timing-cta-clock-k-loop.patch
+CLOCK_PAIRS=$P/decode-gemm1-k-pairs.patch+$P/timing-cta-clock.patch+$P/timing-cta-clock-k-loop-on-k-pairs.patch
+# A clock step: its output folder, tree, cases and time limit.
+clock_step() {
+  OUT=$W/$1 PREBUILT=build-variants/clock.tar.xz BASE=0 ROUNDS=0 TESTS= CLOCKS="$3" \
+    timeout "$4" bash $V "$2" >"$W/$1-clocks.log" 2>&1
+  tail -4 "$W/$1-clocks.log"
+}
 if [ "${1:-}" = pack ]; then
-  OUT=/tmp/pack PACK=build-variants/clock.tar.xz BUILD=build TESTS= bash $V $P/timing-cta-clock.patch \
-    $P/decode-gemm1-k-pairs.patch+$P/timing-cta-clock-on-k-pairs.patch
+  OUT=/tmp/pack PACK=build-variants/clock.tar.xz BUILD=build TESTS= bash $V $CLOCK_MAIN $CLOCK_PAIRS
   OUT=/tmp/pack PACK=build-variants/main.tar.xz BUILD=build TESTS="$T" bash $V $P/e4m3-epilogue-scale-widths.patch \
     $P/e4m3-row-pairs-epilogue-scales.patch $P/decode-gemm1-k-pairs.patch \
     $P/decode-gemm1-k-pairs.patch+$P/decode-gemm1-k-parts-four.patch
@@ -42,15 +51,10 @@ for step in "$@"; do
       OUT=$W/t PREBUILT=build-variants/main.tar.xz ROUNDS=0 TESTS="$T" timeout 200 bash $V >"$W/suite.log" 2>&1
       tail -10 "$W/suite.log" ;;
     clocks)
-      OUT=$W/c PREBUILT=build-variants/clock.tar.xz BASE=0 ROUNDS=0 TESTS= \
-        CLOCKS="deepseek-v3:fp8_block:1 deepseek-v3:bf16:1 qwen3-235b-a22b:fp8_block:16 qwen3-30b-a3b:fp8_block:4096 qwen3-235b-a22b:fp8_block:16384" \
-        timeout 120 bash $V $P/timing-cta-clock.patch >"$W/clocks.log" 2>&1
-      tail -4 "$W/clocks.log" ;;
+      clock_step c $CLOCK_MAIN "deepseek-v3:fp8_block:1 deepseek-v3:bf16:1 qwen3-235b-a22b:fp8_block:16 \
+qwen3-30b-a3b:fp8_block:4096 qwen3-235b-a22b:fp8_block:16384" 120 ;;
     clocks-kpairs)  # the clocks with the K pairs: do the pairs' routed CTAs still start ~15 us late?
-      OUT=$W/ck PREBUILT=build-variants/clock.tar.xz BASE=0 ROUNDS=0 TESTS= \
-        CLOCKS="deepseek-v3:fp8_block:1 deepseek-v3:bf16:1 qwen3-235b-a22b:fp8_block:1" \
-        timeout 90 bash $V $P/decode-gemm1-k-pairs.patch+$P/timing-cta-clock-on-k-pairs.patch >"$W/clocks-kpairs.log" 2>&1
-      tail -4 "$W/clocks-kpairs.log" ;;
+      clock_step ck $CLOCK_PAIRS "deepseek-v3:fp8_block:1 deepseek-v3:bf16:1 qwen3-235b-a22b:fp8_block:1" 90 ;;
     widths)
       OUT=$W/s PREBUILT=build-variants/main.tar.xz BASE=bench ROUNDS=2 AB_SECONDS=160 \
         MODELS="qwen3-30b-a3b qwen3-235b-a22b llama4-maverick deepseek-v3" QUANTS="fp8_channel fp8_tensor" EPS="1 8" \
