@@ -2,7 +2,7 @@
 # The next device calls as steps, one a word (docs/KERNELS.md, fortieth session, says why each).
 # Here first (a CUDA build in build/, .deps staged): bash docs/prepared/next-call.sh pack (~6 min with ccache cold)
 # On the device, carrying .deps and build-variants, in the order of what matters most:
-#   bash docs/prepared/next-call.sh kpairs suite clocks     (~350 s on an H100)
+#   bash docs/prepared/next-call.sh mma-probe kpairs suite clocks  (~360 s on an H100)
 #   bash docs/prepared/next-call.sh widths                  (~250 s)
 #   bash docs/prepared/next-call.sh clocks-kpairs           (~60 s: the clocks on the K pairs' tree)
 #   bash docs/prepared/next-call.sh table-base              (an H200 only: the targets are the H200's)
@@ -30,12 +30,16 @@ if [ "${1:-}" = pack ]; then
   OUT=/tmp/pack PACK=build-variants/main.tar.xz BUILD=build TESTS="$T" bash $V $P/e4m3-epilogue-scale-widths.patch \
     $P/e4m3-row-pairs-epilogue-scales.patch $P/decode-gemm1-k-pairs.patch \
     $P/decode-gemm1-k-pairs.patch+$P/decode-gemm1-k-parts-four.patch
+  ninja -C build mma_probe && cp build/mma_probe build-variants/
   exit
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee -a "$W/gpu.txt"
 for step in "$@"; do
   start=$SECONDS
   case $step in
+    mma-probe)  # the consumer K loops' rates with no loads (~10 s): is the e4m3 tile's ~45% the loop's own?
+      timeout 60 build-variants/mma_probe >"$W/mma-probe.txt" 2>&1
+      cat "$W/mma-probe.txt" ;;
     kpairs)
       OUT=$W/k PREBUILT=build-variants/main.tar.xz BASE=bench ROUNDS=2 AB_SECONDS=150 \
         MODELS="deepseek-v3 qwen3-235b-a22b qwen3-30b-a3b mixtral-8x7b" QUANTS="bf16 fp8_block" EPS=8 \

@@ -6,9 +6,8 @@
 // word of each stage before refilling it; or (packed) the same bytes with each stage's 8 KB
 // contiguous, as a weight layout stored tile by tile would give them. The copies are the decode
 // tile's own (copy_async, gemm_tiles.cuh). Printed per (layout, S, CTAs an SM, CTAs): the time,
-// GB/s a CTA, GB/s an SM in use and TB/s in all. Build and run on the device machine:
-//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude scripts/stream-probe.cu -o /tmp/probe
-//   /tmp/probe [K bytes, default 7168]
+// GB/s a CTA, GB/s an SM in use and TB/s in all. Built with the CUDA backend; run on the device
+// machine: build/stream_probe [K bytes, default 7168]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,15 +16,7 @@
 #include <cstdlib>
 
 #include "moe/cuda/gemm_tiles.cuh"
-
-#define PROBE_CHECK(call)                                                                                 \
-  do {                                                                                                    \
-    const cudaError_t probe_error = (call);                                                               \
-    if (probe_error != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(probe_error)); \
-      std::exit(1);                                                                                       \
-    }                                                                                                     \
-  } while (0)
+#include "probe_check.h"
 
 namespace {
 
