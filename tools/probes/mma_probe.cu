@@ -95,10 +95,7 @@ __global__ void __launch_bounds__(kConsumers * 128, 1) mma_probe_kernel(int k_ti
     const uint32_t b_descriptor = b_descriptor0 + stage * kStageStep;
     wgmma_fence();
     if constexpr (kLoop == Loop::kInFlight) {
-#pragma unroll
-      for (int kk = 0; kk < kStepsPerStage; ++kk)
-        wgmma_step<kCols, kFp8>(acc, wgmma_descriptor(a_descriptor + 2 * kk), wgmma_descriptor(b_descriptor + 2 * kk),
-                                true);
+      wgmma_k_tile<kCols, kFp8>(acc, a_descriptor, b_descriptor, /*fresh=*/false);
       wgmma_commit();
       wgmma_wait<1>();
     } else {
@@ -107,25 +104,14 @@ __global__ void __launch_bounds__(kConsumers * 128, 1) mma_probe_kernel(int k_ti
       for (int round = 0; round < kRounds; ++round) {
         const uint32_t b_round = b_descriptor + round * (128 * kRowBytes >> 4);
         if (round > 0) wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kStepsPerStage; ++kk)
-          wgmma_step<128, true>(sums, wgmma_descriptor(a_descriptor + 2 * kk), wgmma_descriptor(b_round + 2 * kk),
-                                kLoop == Loop::kWait || kk > 0);
+        wgmma_k_tile<128, true>(sums, a_descriptor, b_round, /*fresh=*/kLoop == Loop::kPromote);
         wgmma_commit();
         if (round == 0) {
           a_scale[0] = a_scales[stage * kARows + rows[0]], a_scale[1] = a_scales[stage * kARows + rows[1]];
           b_scale[0] = b_scales[stage * 2], b_scale[1] = b_scales[stage * 2 + 1];
         }
         wgmma_wait<0>();
-        if constexpr (kLoop == Loop::kPromote) {
-#pragma unroll
-          for (int j = 0; j < kSumBlocks; ++j) {
-            const int block = round * kSumBlocks + j;
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-              acc[block][q] += sums[j][q] * (a_scale[q / 2] * b_scale[block >= kMmaN / 2 ? 1 : 0]);
-          }
-        }
+        if constexpr (kLoop == Loop::kPromote) promote_round(acc, sums, round, a_scale, b_scale);
       }
     }
     if (++stage == kStages) stage = 0;

@@ -138,6 +138,31 @@ __device__ inline void wgmma_step(float (&d)[Cols / 8][4], uint64_t a, uint64_t 
   }
 }
 
+// One K tile (a stage's 128 bytes of K) of a warpgroup's m64 x Cols product: its wgmma steps,
+// 32 bytes apart along K inside the swizzle atom (2 in the descriptors' 16-byte address
+// units). fresh starts a new sum (fp8_block's, every K tile) instead of adding to d.
+template <int Cols, bool kFp8>
+__device__ inline void wgmma_k_tile(float (&d)[Cols / 8][4], uint32_t a_descriptor, uint32_t b_descriptor, bool fresh) {
+#pragma unroll
+  for (int kk = 0; kk < kStepsPerStage; ++kk)
+    wgmma_step<Cols, kFp8>(d, wgmma_descriptor(a_descriptor + 2 * kk), wgmma_descriptor(b_descriptor + 2 * kk),
+                           !fresh || kk > 0);
+}
+
+// fp8_block's promotion on the 128-row tile: the n128 sums of round `round` (B rows 128 round
+// on) added to the accumulator times the K tile's scales: a_scale[h] of the thread's rows h,
+// b_scale of the B half its columns lie in (gate or up rows; a plain tile's two halves).
+template <int kMmaN>
+__device__ inline void promote_round(float (&acc)[kMmaN][4], const float (&sums)[128 / 8][4], int round,
+                                     const float (&a_scale)[2], const float (&b_scale)[2]) {
+#pragma unroll
+  for (int j = 0; j < 128 / 8; ++j) {
+    const int block = round * (128 / 8) + j;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[block][q] += sums[j][q] * (a_scale[q / 2] * b_scale[block >= kMmaN / 2 ? 1 : 0]);
+  }
+}
+
 // The gated activations. SiLU by the fast exponential and division: a few float ulp, far
 // inside the bf16 rounding of what the epilogues write (expf and the IEEE division, with
 // its range check and slow-path call, were much of the e4m3 tile's epilogue). GELU by erf.

@@ -681,10 +681,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           // B rows 128 round on: +16 KB, in the descriptor's 16-byte units.
           const uint32_t b_round = b_descriptor + round * (128 * kRowBytes >> 4);
           if (round > 0) wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < kStepsPerStage; ++kk)  // +32 bytes along K inside the swizzle atom
-            wgmma_step<128, true>(sums, wgmma_descriptor(a_descriptor + 2 * kk), wgmma_descriptor(b_round + 2 * kk),
-                                  kk > 0);
+          wgmma_k_tile<128, true>(sums, a_descriptor, b_round, /*fresh=*/true);
           wgmma_commit();
           if (round == 0) {
             a_scale[0] = control.a_scales[slot][rows[0]], a_scale[1] = control.a_scales[slot][rows[1]];
@@ -692,19 +689,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           }
           wgmma_wait<0>();
           if (round == kSumRounds - 1 && lane == 0) release(stage);
-#pragma unroll
-          for (int j = 0; j < kSumBlocks; ++j) {
-            const int block = round * kSumBlocks + j;  // of the accumulator; its B half's scale
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-              acc[block][q] += sums[j][q] * (a_scale[q / 2] * b_scale[block >= Tile::kMmaN / 2 ? 1 : 0]);
-          }
+          promote_round(acc, sums, round, a_scale, b_scale);
         }
       } else {
-#pragma unroll
-        for (int kk = 0; kk < kStepsPerStage; ++kk)
-          wgmma_step<Tile::kCols, kFp8>(acc, wgmma_descriptor(a_descriptor + 2 * kk),
-                                        wgmma_descriptor(b_descriptor + 2 * kk), true);
+        wgmma_k_tile<Tile::kCols, kFp8>(acc, a_descriptor, b_descriptor, /*fresh=*/false);
         wgmma_commit();
         wgmma_wait<1>();  // the previous stage's group is done: release that stage
         if (kt > 0 && lane == 0) release(previous_stage);
