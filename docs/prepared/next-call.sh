@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The next device calls as steps, one a word (docs/KERNELS.md, fortieth session, says why each).
+# The next device calls as steps, one a word (docs/KERNELS.md, fortieth to forty-second sessions, says why each).
 # Here first (a CUDA build in build/, .deps staged): bash docs/prepared/next-call.sh pack (~6 min with ccache cold)
 # On the device, carrying .deps and build-variants, in the order of what matters most:
-#   bash docs/prepared/next-call.sh mma-probe kpairs suite clocks  (~360 s on an H100)
+#   bash docs/prepared/next-call.sh mma-probe kpairs suite  (~360 s on an H100, 550 s at most)
+#   bash docs/prepared/next-call.sh clocks clocks-kpairs    (~180 s)
 #   bash docs/prepared/next-call.sh widths                  (~250 s)
-#   bash docs/prepared/next-call.sh clocks-kpairs           (~60 s: the clocks on the K pairs' tree)
 #   bash docs/prepared/next-call.sh table-base              (an H200 only: the targets are the H200's)
 # kshort is kpairs cut to fit ~200 s (the pairs alone). Logs under /tmp/w, all back as $OUT/w.tar.xz; each step
 # is bounded by timeout, so the archive is written before the call's limit.
