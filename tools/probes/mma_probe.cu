@@ -13,6 +13,8 @@
 //   promote: fp8_block's, the sums of each n128 round (the wide tile's two B halves in turn)
 //     waited for and added to the accumulator times the K tile's A and B scales;
 //   wait: the same rounds and waits with no promotion (what the FFMAs cost beside the wait).
+// In lockstep, the consumers meet at a barrier before each K tile, as the layer's do when the
+// ring runs dry and both wait for one stage to land; otherwise they drift apart freely.
 // Printed per form: clock64 cycles a K tile (median over CTAs) against the tensor cores' peak
 // (sm_90: 2048 bf16 or 4096 e4m3 multiply-adds a cycle an SM), so the ratio does not depend
 // on the clock the SMs ran at; beside it TFLOP/s by wall time and that clock. Built with the
@@ -54,7 +56,7 @@ __device__ uint32_t random_codes(uint32_t index, bool fp8) {
   return fp8 ? h & 0xbfbfbfbfu : (h & 0x807f807fu) | 0x3f803f80u;
 }
 
-template <bool kFp8, int kCols, Loop kLoop, int kConsumers>
+template <bool kFp8, int kCols, Loop kLoop, int kConsumers, bool kLockstep>
 __global__ void __launch_bounds__(kConsumers * 128, 1) mma_probe_kernel(int k_tiles, float* sink, long long* cycles) {
   static_assert(kLoop == Loop::kInFlight || (kFp8 && kCols % 128 == 0), "rounds of n128 sums: e4m3 only");
   extern __shared__ uint8_t raw[];
@@ -93,6 +95,7 @@ __global__ void __launch_bounds__(kConsumers * 128, 1) mma_probe_kernel(int k_ti
   for (int kt = 0; kt < k_tiles; ++kt) {
     const uint32_t a_descriptor = a_descriptor0 + stage * kStageStep;
     const uint32_t b_descriptor = b_descriptor0 + stage * kStageStep;
+    if constexpr (kLockstep) asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers * 128) : "memory");
     wgmma_fence();
     if constexpr (kLoop == Loop::kInFlight) {
       wgmma_k_tile<kCols, kFp8>(acc, a_descriptor, b_descriptor, /*fresh=*/false);
@@ -131,9 +134,9 @@ __global__ void __launch_bounds__(kConsumers * 128, 1) mma_probe_kernel(int k_ti
   sink[blockIdx.x * blockDim.x + thread] = total;
 }
 
-template <bool kFp8, int kCols, Loop kLoop, int kConsumers>
+template <bool kFp8, int kCols, Loop kLoop, int kConsumers, bool kLockstep = false>
 void run_form(int k_tiles, int sms, float* sink, long long* cycles) {
-  auto kernel = mma_probe_kernel<kFp8, kCols, kLoop, kConsumers>;
+  auto kernel = mma_probe_kernel<kFp8, kCols, kLoop, kConsumers, kLockstep>;
   // At least half an SM's shared memory, so that one CTA runs an SM.
   const int shared = std::max(shared_bytes<kConsumers, kCols>(), 116 * 1024);
   PROBE_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
@@ -160,10 +163,11 @@ void run_form(int k_tiles, int sms, float* sink, long long* cycles) {
   const int depth = kRowBytes / (kFp8 ? 1 : 2), peak = kFp8 ? 4096 : 2048;  // multiply-adds a cycle an SM
   const double multiply_adds = 64.0 * kConsumers * kCols * depth, ideal = multiply_adds / peak;
   const double seconds = best_ms * 1e-3;
-  std::printf("| %s | %d | m64n%d%s | %s | %d | %.0f | %.0f | %.2f | %.0f | %.0f |\n", kFp8 ? "e4m3" : "bf16",
+  std::printf("| %s | %d | m64n%d%s | %s | %d%s | %.0f | %.0f | %.2f | %.0f | %.0f |\n", kFp8 ? "e4m3" : "bf16",
               64 * kConsumers, kLoop == Loop::kInFlight ? kCols : 128,
-              kLoop == Loop::kInFlight || kCols == 128 ? "" : " x2", loop_name(kLoop), kConsumers, per_k_tile, ideal,
-              per_k_tile / ideal, 2 * multiply_adds * k_tiles * sms / seconds / 1e12, spans[sms / 2] / seconds / 1e6);
+              kLoop == Loop::kInFlight || kCols == 128 ? "" : " x2", loop_name(kLoop), kConsumers,
+              kLockstep ? " in lockstep" : "", per_k_tile, ideal, per_k_tile / ideal,
+              2 * multiply_adds * k_tiles * sms / seconds / 1e12, spans[sms / 2] / seconds / 1e6);
 }
 
 }  // namespace
@@ -185,8 +189,8 @@ int main(int argc, char** argv) {
   std::printf(
       "| operands | tile rows | wgmma | loop | consumers | cycles a K tile | peak's | ratio | TFLOP/s | MHz |\n"
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  // The layer's forms (two consumers: 128-row tiles), then one warpgroup alone (its chain's
-  // length: wgmma, wait, promotion) and three (a 192-row tile).
+  // The layer's forms (two consumers: 128-row tiles), the e4m3 ones again in lockstep, then
+  // one warpgroup alone (its chain's length: wgmma, wait, promotion) and three (a 192-row tile).
   run_form<false, 256, Loop::kInFlight, 2>(k_tiles, sms, sink, cycles);
   run_form<false, 128, Loop::kInFlight, 2>(k_tiles, sms, sink, cycles);
   run_form<true, 256, Loop::kInFlight, 2>(k_tiles, sms, sink, cycles);
@@ -195,6 +199,9 @@ int main(int argc, char** argv) {
   run_form<true, 256, Loop::kWait, 2>(k_tiles, sms, sink, cycles);
   run_form<true, 128, Loop::kPromote, 2>(k_tiles, sms, sink, cycles);
   run_form<true, 128, Loop::kWait, 2>(k_tiles, sms, sink, cycles);
+  run_form<true, 256, Loop::kInFlight, 2, /*kLockstep=*/true>(k_tiles, sms, sink, cycles);
+  run_form<true, 256, Loop::kPromote, 2, /*kLockstep=*/true>(k_tiles, sms, sink, cycles);
+  run_form<true, 128, Loop::kPromote, 2, /*kLockstep=*/true>(k_tiles, sms, sink, cycles);
   run_form<false, 256, Loop::kInFlight, 1>(k_tiles, sms, sink, cycles);
   run_form<true, 256, Loop::kInFlight, 1>(k_tiles, sms, sink, cycles);
   run_form<true, 256, Loop::kPromote, 1>(k_tiles, sms, sink, cycles);
