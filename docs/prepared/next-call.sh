@@ -3,7 +3,7 @@
 # Here first (a CUDA build in build/, .deps staged): bash docs/prepared/next-call.sh pack (~6 min with ccache cold)
 # On the device, carrying .deps and build-variants, in the order of what matters most:
 #   bash docs/prepared/next-call.sh mma-probe kpairs suite  (~360 s on an H100, 550 s at most)
-#   bash docs/prepared/next-call.sh clocks clocks-kpairs loads  (~460 s)
+#   bash docs/prepared/next-call.sh clocks clocks-kpairs loads  (~500 s)
 #   bash docs/prepared/next-call.sh widths                  (~250 s)
 #   bash docs/prepared/next-call.sh table-base              (an H200 only: the targets are the H200's)
 # kshort is kpairs cut to fit ~200 s (the pairs alone). Logs under /tmp/w, all back as $OUT/w.tar.xz; each step
@@ -29,7 +29,7 @@ if [ "${1:-}" = pack ]; then
   OUT=/tmp/pack PACK=build-variants/clock.tar.xz BUILD=build TESTS= bash $V $CLOCK_MAIN $CLOCK_PAIRS
   OUT=/tmp/pack PACK=build-variants/main.tar.xz BUILD=build TESTS="$T" bash $V $P/e4m3-epilogue-scale-widths.patch \
     $P/e4m3-row-pairs-epilogue-scales.patch $P/decode-gemm1-k-pairs.patch \
-    $P/decode-gemm1-k-pairs.patch+$P/decode-gemm1-k-parts-four.patch $P/route-loads-first.patch
+    $P/decode-gemm1-k-pairs.patch+$P/decode-gemm1-k-parts-four.patch $P/decode-loads-first.patch
   ninja -C build mma_probe && cp build/mma_probe build-variants/
   exit
 fi
@@ -59,10 +59,10 @@ for step in "$@"; do
 qwen3-30b-a3b:fp8_block:4096 qwen3-235b-a22b:fp8_block:16384" 120 ;;
     clocks-kpairs)  # the clocks with the K pairs: do the pairs' routed CTAs still start ~15 us late?
       clock_step ck $CLOCK_PAIRS "deepseek-v3:fp8_block:1 deepseek-v3:bf16:1 qwen3-235b-a22b:fp8_block:1" 90 ;;
-    loads)  # the routing's loads issued together (route-loads-first): T=1-4, and deepseek-v3's biased route at 16384
-      OUT=$W/l PREBUILT=build-variants/main.tar.xz BASE=bench ROUNDS=2 AB_SECONDS=120 \
-        MODELS="deepseek-v3 qwen3-235b-a22b qwen3-30b-a3b" QUANTS="bf16 fp8_block" EPS=8 TOKENS=1,2,4,16384 \
-        TESTS="test_route_gpu test_moe_gpu" timeout 280 bash $V $P/route-loads-first.patch >"$W/loads.log" 2>&1
+    loads)  # fewer trips to memory before the decode tiles' loads (decode-loads-first); T=256: the medium tile
+      OUT=$W/l PREBUILT=build-variants/main.tar.xz BASE=bench ROUNDS=2 AB_SECONDS=150 \
+        MODELS="deepseek-v3 qwen3-235b-a22b qwen3-30b-a3b" QUANTS="bf16 fp8_block" EPS=8 TOKENS=1,2,16,256,16384 \
+        TESTS="test_route_gpu test_moe_gpu" timeout 300 bash $V $P/decode-loads-first.patch >"$W/loads.log" 2>&1
       tail -30 "$W/loads.log" ;;
     widths)
       OUT=$W/s PREBUILT=build-variants/main.tar.xz BASE=bench ROUNDS=2 AB_SECONDS=160 \
