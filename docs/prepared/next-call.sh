@@ -4,7 +4,7 @@
 # On the device, carrying .deps and build-variants, in the order of what matters most:
 #   bash docs/prepared/next-call.sh mma-probe kpairs suite  (~360 s on an H100, 550 s at most)
 #   bash docs/prepared/next-call.sh clocks clocks-kpairs loads  (~500 s)
-#   bash docs/prepared/next-call.sh widths                  (~250 s)
+#   bash docs/prepared/next-call.sh widths profiles         (~400 s)
 #   bash docs/prepared/next-call.sh table-base              (an H200 only: the targets are the H200's)
 # kshort is kpairs cut to fit ~200 s (the pairs alone). Logs under /tmp/w, all back as $OUT/w.tar.xz; each step
 # is bounded by timeout, so the archive is written before the call's limit.
@@ -70,6 +70,11 @@ qwen3-30b-a3b:fp8_block:4096 qwen3-235b-a22b:fp8_block:16384" 120 ;;
         TOKENS=1024,4096,16384 TESTS="test_moe_gpu" timeout 330 bash $V $P/e4m3-epilogue-scale-widths.patch \
         $P/e4m3-row-pairs-epilogue-scales.patch >"$W/widths.log" 2>&1
       tail -40 "$W/widths.log" ;;
+    profiles)  # main's kernels one at a time at T=16384 on e4m3, where the small kernels are what is left (KERNELS)
+      OUT=$W/p PREBUILT=build-variants/main.tar.xz ROUNDS=0 TESTS= \
+        PROFILES="qwen3-235b-a22b:fp8_block:16384 qwen3-30b-a3b:fp8_block:16384 deepseek-v3:fp8_block:16384" \
+        timeout 150 bash $V >"$W/profiles.log" 2>&1
+      tail -45 "$W/profiles.log" ;;
     table-base)
       OUT=$W/b PREBUILT=build-variants/main.tar.xz BASE=bench ROUNDS=0 TESTS= TABLE_TREE=base \
         TABLE_QUANTS="bf16 fp8_block fp8_channel fp8_tensor" TABLE_TOKENS=1,16,64,256,1024,2048,4096,16384 \
