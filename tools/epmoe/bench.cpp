@@ -63,8 +63,9 @@ int bench_ep_layer(const Problem& problem, const std::vector<int64_t>& token_cou
   std::printf("%8s %5s %8s %11s %12s %12s\n", "T", "rank", "tokens", "time ms", "sent GB/s", "recv GB/s");
   for (int64_t tokens : token_counts) {
     Result<EpSetup> setup = prepare_ep(problem, tokens, strategy, backend);
-    if (!setup.ok()) return usage_error("bench", setup.status().to_string());
-    if (Status status = run_ep(setup.value(), iterations + 1, 1); !status.ok()) return usage_error("bench", status.to_string());
+    if (!setup.ok()) return run_error("bench", setup.status().to_string());
+    if (Status status = run_ep(setup.value(), iterations + 1, 1); !status.ok())
+      return run_error("bench", status.to_string());
     for (size_t r = 0; r < setup->ranks.size(); ++r) {
       EpRank& rank = setup->ranks[r];
       const double seconds = median(rank.seconds);
@@ -156,13 +157,13 @@ int run_bench(const std::vector<std::string>& arguments) {
     RandomCaseOptions options = problem->options;
     options.tokens = tokens;
     Result<MoeCase> moe_case = make_random_case(options);
-    if (!moe_case.ok()) return usage_error("bench", moe_case.status().to_string());
+    if (!moe_case.ok()) return run_error("bench", moe_case.status().to_string());
     const Tensor& x = moe_case->inputs.x;
     Buffer out(x.dtype, {x.size(0), x.size(1)});
     Status status;
     const double seconds = median_seconds(moe_case.value(), out.view(), static_cast<int>(iterations.value()),
                                           problem->threads, status);
-    if (!status.ok()) return usage_error("bench", status.to_string());
+    if (!status.ok()) return run_error("bench", status.to_string());
     const ExpertMap owned = ExpertMap::build(options.placement, options.spec.routing.num_experts, options.num_ranks,
                                              options.rank).value();
     const Workload w = count_workload(options, routed_ids(moe_case.value()), owned, moe_case->weights.shared_w13.has_value());
@@ -183,7 +184,7 @@ int run_bench(const std::vector<std::string>& arguments) {
         {"results", results}};
     std::ofstream file(args.text("json"));
     file << document.dump(2) << "\n";
-    if (!file) return usage_error("bench", "cannot write " + args.text("json"));
+    if (!file) return run_error("bench", "cannot write " + args.text("json"));
   }
   return 0;
 }

@@ -34,11 +34,12 @@ namespace epmoe::cli {
 
 namespace {
 
-#define BENCH_CHECK(expr)                                                                            \
-  do {                                                                                               \
-    const auto bench_status_ = (expr);                                                               \
-    if (bench_status_ != decltype(bench_status_){})                                                  \
-      return usage_error("bench", std::string(#expr) + " failed with code " + std::to_string(static_cast<int>(bench_status_))); \
+// A CUDA call of the bench: a failure ends the command, naming the call and the runtime's reason.
+#define BENCH_CHECK(expr)                                                                             \
+  do {                                                                                                \
+    const cudaError_t bench_error_ = (expr);                                                          \
+    if (bench_error_ != cudaSuccess)                                                                  \
+      return run_error("bench", std::string(#expr) + " failed: " + cudaGetErrorString(bench_error_)); \
   } while (0)
 
 // Uniform values in [-scale * sqrt(3), scale * sqrt(3)) from a counter hash (unit variance *
@@ -293,10 +294,9 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     return Status{};
   };
   const Result<double> copy_rate = measure_copy_rate();
-  if (!copy_rate.ok()) return usage_error("bench", copy_rate.status().to_string());
+  if (!copy_rate.ok()) return run_error("bench", copy_rate.status().to_string());
   ceilings.bytes_per_second = copy_rate.value();
-  if (const Status burst = measure_rates(RatePhase::kBurst); !burst.ok())
-    return usage_error("bench", burst.to_string());
+  if (const Status burst = measure_rates(RatePhase::kBurst); !burst.ok()) return run_error("bench", burst.to_string());
 
   const int E = base.spec.routing.num_experts;
   const ExpertMap owned = ExpertMap::build(base.placement, E, base.num_ranks, 0).value();
@@ -335,7 +335,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
   std::vector<DeviceBuffer> weight_sets;
   for (int copy = 0; copy < copies; ++copy) {
     Result<DeviceBuffer> buffer = DeviceBuffer::allocate(static_cast<size_t>(weight_bytes));
-    if (!buffer.ok()) return usage_error("bench", buffer.status().to_string());
+    if (!buffer.ok()) return run_error("bench", buffer.status().to_string());
     auto* w = static_cast<uint8_t*>(buffer->data());
     BENCH_CHECK(fill_weights(w, E_local * 2 * I * H + 2 * Is * H, 100 + copy, 1.0f / std::sqrt(static_cast<float>(H))));
     BENCH_CHECK(fill_weights(w + (E_local * 2 * I * H + 2 * Is * H) * element_bytes, E_local * H * I + H * Is, 200 + copy,
@@ -375,8 +375,8 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     return w;
   };
   Result<DeviceBuffer> map_buffer = DeviceBuffer::allocate(E * sizeof(int32_t));
-  if (!map_buffer.ok()) return usage_error("bench", map_buffer.status().to_string());
-  if (!copy_to_device(owned.view(), map_buffer->data()).ok()) return usage_error("bench", "expert map upload failed");
+  if (!map_buffer.ok()) return run_error("bench", map_buffer.status().to_string());
+  if (!copy_to_device(owned.view(), map_buffer->data()).ok()) return run_error("bench", "expert map upload failed");
 
   std::printf("bench %s, rank 0's share, %s (%d SMs, %d MB L2), %d weight cop%s of %.2f GiB\n",
               describe(problem).c_str(), properties.name, properties.multiProcessorCount,
@@ -400,17 +400,17 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     std::vector<MoeInputs> inputs(kInputSets);
     std::vector<Workload> workloads;
     Result<BenchRouting> routing = draw_bench_routing(options, T, kInputSets);
-    if (!routing.ok()) return usage_error("bench", "host routing: " + routing.status().to_string());
+    if (!routing.ok()) return run_error("bench", "host routing: " + routing.status().to_string());
     Result<DeviceBuffer> bias_buffer = DeviceBuffer::allocate(E * sizeof(float));
-    if (!bias_buffer.ok()) return usage_error("bench", bias_buffer.status().to_string());
+    if (!bias_buffer.ok()) return run_error("bench", bias_buffer.status().to_string());
     if (!copy_to_device(Tensor::contiguous(routing->bias.data(), DType::kF32, {E}), bias_buffer->data()).ok())
-      return usage_error("bench", "bias upload failed");
+      return run_error("bench", "bias upload failed");
     for (int set = 0; set < kInputSets; ++set) {
       Result<DeviceBuffer> x = DeviceBuffer::allocate(T * H * 2), logits = DeviceBuffer::allocate(T * E * 4);
-      if (!x.ok() || !logits.ok()) return usage_error("bench", "input buffers: out of device memory");
+      if (!x.ok() || !logits.ok()) return run_error("bench", "input buffers: out of device memory");
       BENCH_CHECK(fill(x->data(), T * H, 300 + set, 1.0f));
       if (!copy_to_device(Tensor::contiguous(routing->logits[set].data(), DType::kF32, {T, E}), logits->data()).ok())
-        return usage_error("bench", "logits upload failed");
+        return run_error("bench", "logits upload failed");
       workloads.push_back(count_workload(options, routing->ids[set], owned, Is > 0));
       inputs[set].x = Tensor::contiguous(x->data(), DType::kBF16, {T, H}, Device::kCuda);
       inputs[set].router_logits = Tensor::contiguous(logits->data(), DType::kF32, {T, E}, Device::kCuda);
@@ -421,13 +421,13 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
       buffers.push_back(std::move(logits).value());
     }
     Result<DeviceBuffer> out = DeviceBuffer::allocate(T * H * 2);
-    if (!out.ok()) return usage_error("bench", out.status().to_string());
+    if (!out.ok()) return run_error("bench", out.status().to_string());
     const Tensor out_view = Tensor::contiguous(out->data(), DType::kBF16, {T, H}, Device::kCuda);
     MoeWeights first_weights = weights_of(0);
     Result<MoeShape> shape = validate_moe(base.spec, first_weights, inputs[0], &out_view, Device::kCuda);
-    if (!shape.ok()) return usage_error("bench", shape.status().to_string());
+    if (!shape.ok()) return run_error("bench", shape.status().to_string());
     Result<DeviceBuffer> workspace = DeviceBuffer::allocate(moe_workspace_bytes(base.spec, shape.value()));
-    if (!workspace.ok()) return usage_error("bench", workspace.status().to_string());
+    if (!workspace.ok()) return run_error("bench", workspace.status().to_string());
 
     // Graphs of `calls` calls back to back, each call on its own (input set, weight copy)
     // pairing of the rotation, as a model's layers follow one another in a served graph (by
@@ -443,7 +443,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
       return moe_forward_cuda(base.spec, weights_of(r % copies), inputs[r % kInputSets], out_view, ws, stream);
     };
     for (int r = 0; r < rotation; ++r)  // warm-up, and any error surfaces outside a capture
-      if (const Status warm = call(r); !warm.ok()) return usage_error("bench", warm.to_string());
+      if (const Status warm = call(r); !warm.ok()) return run_error("bench", warm.to_string());
     std::vector<std::pair<cudaGraphExec_t, int>> graphs;  // with their call counts
     for (int first = 0; first < rotation; first += calls) {
       const int count = std::min(calls, rotation - first);
@@ -454,7 +454,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
         return {};
       }();
       BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
-      if (!captured.ok()) return usage_error("bench", captured.to_string());
+      if (!captured.ok()) return run_error("bench", captured.to_string());
       cudaGraphExec_t exec;
       BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
       BENCH_CHECK(cudaGraphDestroy(graph));
@@ -488,7 +488,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
     for (int r = 0; r < rotation; ++r) t.rotation.push_back(workloads[r % kInputSets]);
   }
   if (const Status sustained = measure_rates(RatePhase::kSustained); !sustained.ok())
-    return usage_error("bench", sustained.to_string());
+    return run_error("bench", sustained.to_string());
 
   std::printf("ceilings: copy %.2f TB/s, %s", ceilings.bytes_per_second / 1e12,
               describe_rate("bf16", ceilings.bf16).c_str());
@@ -563,7 +563,7 @@ int bench_cuda(const Problem& problem, const std::vector<int64_t>& token_counts,
                                      {"results", results}};
     std::ofstream file(json_path);
     file << document.dump(2) << "\n";
-    if (!file) return usage_error("bench", "cannot write " + json_path);
+    if (!file) return run_error("bench", "cannot write " + json_path);
   }
   return 0;
 }

@@ -37,14 +37,14 @@ int report(double error, double tolerance) {
 
 int check_file(const std::string& path, int threads) {
   Result<MoeCase> moe_case = load_moe_case(path);
-  if (!moe_case.ok()) return usage_error("check", moe_case.status().to_string());
-  if (!moe_case->expected) return usage_error("check", path + ": no expected output 'y' in the file");
+  if (!moe_case.ok()) return run_error("check", moe_case.status().to_string());
+  if (!moe_case->expected) return run_error("check", path + ": no expected output 'y' in the file");
   const MoeSpec& spec = moe_case->spec;
   std::printf("check %s: T=%lld H=%lld, %s, %s\n", path.c_str(), static_cast<long long>(moe_case->inputs.x.size(0)),
               static_cast<long long>(moe_case->inputs.x.size(1)), std::string(routing_kind_name(spec.routing.kind)).c_str(),
               std::string(quant_scheme_name(spec.quant.scheme)).c_str());
   Result<std::vector<double>> out = run_operator(moe_case.value(), threads);
-  if (!out.ok()) return usage_error("check", out.status().to_string());
+  if (!out.ok()) return run_error("check", out.status().to_string());
   return report(relative_error(out.value(), to_doubles(*moe_case->expected)), tolerance_for(spec.quant.scheme));
 }
 
@@ -57,20 +57,20 @@ int check_model(const Problem& problem, int64_t tokens) {
     options.rank = rank;
     const auto start = std::chrono::steady_clock::now();
     Result<MoeCase> moe_case = make_random_case(options);
-    if (!moe_case.ok()) return usage_error("check", moe_case.status().to_string());
+    if (!moe_case.ok()) return run_error("check", moe_case.status().to_string());
     const double draw_seconds = seconds_since(start);
     const auto operator_start = std::chrono::steady_clock::now();
     Result<std::vector<double>> out = run_operator(moe_case.value(), problem.threads);
-    if (!out.ok()) return usage_error("check", out.status().to_string());
+    if (!out.ok()) return run_error("check", out.status().to_string());
     const double operator_seconds = seconds_since(operator_start);
     const auto reference_start = std::chrono::steady_clock::now();
     Result<std::vector<double>> reference =
         naive_moe(moe_case->spec, moe_case->weights, moe_case->inputs, {.quantize_activations = true, .num_threads = problem.threads});
-    if (!reference.ok()) return usage_error("check", reference.status().to_string());
+    if (!reference.ok()) return run_error("check", reference.status().to_string());
     Result<std::vector<double>> exact = reference;
     if (is_fp8(options.spec.quant.scheme))
       exact = naive_moe(moe_case->spec, moe_case->weights, moe_case->inputs, {.num_threads = problem.threads});
-    if (!exact.ok()) return usage_error("check", exact.status().to_string());
+    if (!exact.ok()) return run_error("check", exact.status().to_string());
     std::printf("  rank %d/%d: %lld experts with tokens, %.2f GiB of weights; data %.2f s, operator %.2f s, "
                 "reference %.2f s\n",
                 rank, options.num_ranks, static_cast<long long>(moe_case->weights.w13.size(0)),
@@ -103,12 +103,12 @@ int check_ep_layer(const Problem& problem, int64_t tokens, EpStrategy strategy, 
   std::printf("check %s, T=%lld, strategy %s, backend %s\n", describe(problem).c_str(), static_cast<long long>(tokens),
               std::string(ep_strategy_name(strategy)).c_str(), backend.c_str());
   Result<EpSetup> setup = prepare_ep(problem, tokens, strategy, backend);
-  if (!setup.ok()) return usage_error("check", setup.status().to_string());
+  if (!setup.ok()) return run_error("check", setup.status().to_string());
   const MoeCase& whole = setup->whole;
   Result<std::vector<double>> reference =
       naive_moe(whole.spec, whole.weights, whole.inputs, {.quantize_activations = true, .num_threads = problem.threads});
-  if (!reference.ok()) return usage_error("check", reference.status().to_string());
-  if (Status status = run_ep(setup.value(), 1, 0); !status.ok()) return usage_error("check", status.to_string());
+  if (!reference.ok()) return run_error("check", reference.status().to_string());
+  if (Status status = run_ep(setup.value(), 1, 0); !status.ok()) return run_error("check", status.to_string());
   std::vector<double> got, want;
   const int64_t H = whole.inputs.x.size(1);
   for (size_t r = 0; r < setup->ranks.size(); ++r) {
@@ -137,6 +137,11 @@ int check_ep_layer(const Problem& problem, int64_t tokens, EpStrategy strategy, 
 
 int usage_error(const std::string& command, const std::string& message) {
   std::fprintf(stderr, "epmoe %s: %s\n(see 'epmoe %s --help')\n", command.c_str(), message.c_str(), command.c_str());
+  return 2;
+}
+
+int run_error(const std::string& command, const std::string& message) {
+  std::fprintf(stderr, "epmoe %s: %s\n", command.c_str(), message.c_str());
   return 2;
 }
 

@@ -10,7 +10,11 @@ namespace epmoe::cli {
 int run_check(const std::vector<std::string>& arguments);
 int run_bench(const std::vector<std::string>& arguments);
 
-// Prints "epmoe <command>: <message>" and a pointer to --help; returns 2.
+// Prints "epmoe <command>: <message>" and a pointer to --help (the arguments were wrong);
+// returns 2.
 int usage_error(const std::string& command, const std::string& message);
+// Prints "epmoe <command>: <message>" (the arguments were fine, the run failed: a device, a
+// file, an allocation); returns 2.
+int run_error(const std::string& command, const std::string& message);
 
 }  // namespace epmoe::cli
