@@ -120,6 +120,10 @@ int run_bench(const std::vector<std::string>& arguments) {
   if (!iterations.ok()) return usage_error("bench", iterations.status().message());
   Result<int64_t> graph_calls = args.integer("graph-calls", 0, 1000);
   if (!graph_calls.ok()) return usage_error("bench", graph_calls.status().message());
+  // The JSON file is written at the end: a path that cannot be written fails now, not after
+  // the whole run (opening for append creates the file and leaves any content until then).
+  if (args.given("json") && !std::ofstream(args.text("json"), std::ios::app))
+    return usage_error("bench", "option --json: cannot write " + in_quotes(args.text("json")));
 
   if (args.given("strategy")) {
     Result<EpStrategy> strategy = parse_ep_strategy(args.text("strategy"));
