@@ -135,14 +135,15 @@ int check_ep_layer(const Problem& problem, int64_t tokens, EpStrategy strategy, 
 
 }  // namespace
 
-int usage_error(const std::string& command, const std::string& message) {
-  std::fprintf(stderr, "epmoe %s: %s\n(see 'epmoe %s --help')\n", command.c_str(), message.c_str(), command.c_str());
-  return 2;
-}
-
 int run_error(const std::string& command, const std::string& message) {
   std::fprintf(stderr, "epmoe %s: %s\n", command.c_str(), message.c_str());
   return 2;
+}
+
+int usage_error(const std::string& command, const std::string& message) {
+  const int code = run_error(command, message);
+  std::fprintf(stderr, "(see 'epmoe %s --help')\n", command.c_str());
+  return code;
 }
 
 int run_check(const std::vector<std::string>& arguments) {
